@@ -1,0 +1,35 @@
+# Trainyard. The two commands: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PORT ?= 8000
+NODES ?= 1
+PYTEST_ARGS ?=
+
+.PHONY: run test lint bench venv clean
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	touch $@
+
+venv: $(VENV)/.installed
+
+run: venv
+	$(PY) manage.py studio up --port $(PORT) --nodes $(NODES)
+
+# Without REDIS_URL the suite runs against an embedded Redis started for it; without
+# DATABASE_URL, against SQLite (CI sets both: PostgreSQL and the machine's Redis).
+test: venv
+	$(PY) -m studio.embedded_redis -- $(PY) -m pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy studio datasets jobs review trainyard
+
+bench: venv
+	$(PY) bench/datasets.py
+
+clean:
+	rm -rf $(VENV) var

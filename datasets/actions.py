@@ -1,0 +1,234 @@
+"""State changes for datasets. Pages, the API, the demo loader and review export call
+these; each runs in one transaction, with validation enqueued on commit."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.db import IntegrityError, transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from datasets.hashing import combine_content_hash, combine_fingerprint
+from datasets.models import Dataset, DatasetVersion, SourceKind, VersionStatus
+from datasets.storage import StorageError, default_store, object_uri, split_uri, store_for
+from studio.models import Project
+
+log = logging.getLogger(__name__)
+
+
+class DatasetError(Exception):
+    """Bad input for a dataset, with the request field it concerns."""
+
+    def __init__(self, field: str, message: str, status: int = 400):
+        super().__init__(message)
+        self.field = field
+        self.message = message
+        self.status = status
+
+
+class VersionInUse(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    """A file already in the object store (an upload streamed there)."""
+
+    path: str
+    uri: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class VersionOptions:
+    format: str = ""
+    label_column: str = ""
+    text_column: str = ""
+    delimiter: str = ""
+    split: dict | None = None
+
+
+def new_upload_prefix() -> str:
+    """A fresh object-store prefix for an upload: uploads/<yyyy>/<mm>/<uuid>."""
+    now = timezone.now()
+    return object_uri(f"uploads/{now:%Y/%m}/{uuid.uuid4().hex}")
+
+
+def _next_version_number(dataset: Dataset) -> int:
+    current = DatasetVersion.objects.filter(dataset=dataset).aggregate(top=Max("version"))["top"]
+    return (current or 0) + 1
+
+
+def _lock_dataset(project: Project, name: str, description: str, user) -> Dataset:
+    """Get or create the dataset, locked for the rest of the transaction so two
+    concurrent registrations get consecutive version numbers."""
+    try:
+        with transaction.atomic():
+            dataset, created = Dataset.objects.get_or_create(
+                project=project, name=name, defaults={"description": description, "created_by": user}
+            )
+    except IntegrityError:
+        created = False
+    dataset = Dataset.objects.select_for_update().get(project=project, name=name)
+    if not created and description and description != dataset.description:
+        dataset.description = description
+        dataset.save(update_fields=["description"])
+    return dataset
+
+
+def _enqueue_validation(version_id: int) -> None:
+    from datasets.tasks import validate_version_task
+
+    transaction.on_commit(lambda: validate_version_task.delay(version_id))
+
+
+def _create_version(*, dataset: Dataset, user, kind: str, source_uri: str, root_uri: str, files: list[dict],
+                    options: VersionOptions, fingerprint: str = "", content_hash: str = "") -> DatasetVersion:
+    version = DatasetVersion.objects.create(
+        dataset=dataset,
+        version=_next_version_number(dataset),
+        status=VersionStatus.VALIDATING,
+        source_kind=kind,
+        source_uri=source_uri,
+        root_uri=root_uri,
+        format=options.format,
+        label_column=options.label_column,
+        text_column=options.text_column,
+        delimiter=options.delimiter,
+        split=options.split or {},
+        files=files,
+        source_fingerprint=fingerprint,
+        content_hash=content_hash,
+        size_bytes=sum(f["size"] for f in files),
+        created_by=user,
+    )
+    _enqueue_validation(version.pk)
+    return version
+
+
+def _same_as_latest(dataset: Dataset, *, content_hash: str = "", fingerprint: str = "") -> DatasetVersion | None:
+    latest = dataset.versions.exclude(status=VersionStatus.INVALID).order_by("-version").first()
+    if latest is None:
+        return None
+    if content_hash and latest.content_hash == content_hash:
+        return latest
+    if fingerprint and latest.source_fingerprint == fingerprint:
+        return latest
+    return None
+
+
+def register_upload(*, project: Project, name: str, description: str, user, root_uri: str, stored: list[StoredFile],
+                    options: VersionOptions) -> tuple[DatasetVersion, bool]:
+    """Register files already streamed to `root_uri`. Returns (version, created); when the
+    content equals the latest version's, that version is returned and the upload removed."""
+    content_hash = combine_content_hash((f.path, f.size, f.sha256) for f in stored)
+    with transaction.atomic():
+        dataset = _lock_dataset(project, name, description, user)
+        existing = _same_as_latest(dataset, content_hash=content_hash)
+        if existing is None:
+            files = [{"path": f.path, "uri": f.uri, "size": f.size, "fingerprint": f.sha256, "sha256": f.sha256} for f in stored]
+            version = _create_version(dataset=dataset, user=user, kind=SourceKind.UPLOAD, source_uri="upload",
+                                      root_uri=root_uri, files=files, options=options, content_hash=content_hash)
+            return version, True
+    discard_upload(root_uri)
+    return existing, False
+
+
+def discard_upload(root_uri: str) -> None:
+    try:
+        default_store().delete_prefix(root_uri)
+    except StorageError:
+        log.warning("could not remove abandoned upload %s", root_uri, exc_info=True)
+
+
+def list_source(source_uri: str) -> list[dict]:
+    """List the files of an s3:// prefix or a server path, checking that the source is
+    allowed and reachable. Raises DatasetError naming `source_uri`."""
+    try:
+        scheme, bucket, _ = split_uri(source_uri)
+        store = store_for(source_uri)
+        if scheme == "s3":
+            store.check_bucket(source_uri)  # type: ignore[union-attr]
+        objects = list(store.list(source_uri))
+    except StorageError as exc:
+        raise DatasetError("source_uri", str(exc)) from exc
+    if not objects:
+        raise DatasetError("source_uri", f"no files found at {source_uri}")
+    return [{"path": o.relative_path, "uri": o.uri, "size": o.size, "fingerprint": o.fingerprint} for o in objects]
+
+
+def register_source(*, project: Project, name: str, description: str, user, source_uri: str,
+                    options: VersionOptions) -> tuple[DatasetVersion, bool]:
+    """Register an s3:// prefix or a server path (file://) in place. Its listing is
+    fingerprinted: an unchanged source returns the latest version instead of a copy."""
+    scheme, _, path = split_uri(source_uri)
+    files = list_source(source_uri)
+    kind = SourceKind.S3 if scheme == "s3" else SourceKind.SERVER_PATH
+    if kind == SourceKind.SERVER_PATH:
+        # Record the resolved path: a symlink swapped later cannot redirect the version.
+        source_uri = Path(path).resolve().as_uri()
+    fingerprint = combine_fingerprint(source_uri, ((f["path"], f["size"], f["fingerprint"]) for f in files))
+    with transaction.atomic():
+        dataset = _lock_dataset(project, name, description, user)
+        existing = _same_as_latest(dataset, fingerprint=fingerprint)
+        if existing is not None:
+            return existing, False
+        version = _create_version(dataset=dataset, user=user, kind=kind, source_uri=source_uri, root_uri=source_uri,
+                                  files=files, options=options, fingerprint=fingerprint)
+        return version, True
+
+
+def register_local_files(*, project: Project, name: str, description: str, user, files: dict[str, Path],
+                         options: VersionOptions) -> tuple[DatasetVersion, bool]:
+    """Copy local files (relative path → file) into the object store and register them.
+    Used by the demo loader and review export."""
+    import hashlib
+
+    root_uri = new_upload_prefix()
+    store = default_store()
+    stored: list[StoredFile] = []
+    try:
+        for rel, local in sorted(files.items()):
+            uri = f"{root_uri}/{rel}"
+            digest = hashlib.sha256()
+            size = 0
+            with open(local, "rb") as src, store.open_write(uri) as out:
+                while chunk := src.read(1024 * 1024):
+                    digest.update(chunk)
+                    size += len(chunk)
+                    out.write(chunk)
+            stored.append(StoredFile(path=rel, uri=uri, size=size, sha256=digest.hexdigest()))
+    except BaseException:
+        discard_upload(root_uri)
+        raise
+    return register_upload(project=project, name=name, description=description, user=user,
+                           root_uri=root_uri, stored=stored, options=options)
+
+
+def delete_version(version: DatasetVersion) -> None:
+    """Delete a version (and its uploaded files). Refused while any job uses it."""
+    if version.is_in_use():
+        raise VersionInUse(f"{version} is used by a training job; it cannot be deleted while that job exists.")
+    owned_root = version.root_uri if version.source_kind in (SourceKind.UPLOAD, SourceKind.REVIEW) else None
+    with transaction.atomic():
+        dataset = Dataset.objects.select_for_update().get(pk=version.dataset_id)
+        version.delete()
+        if not dataset.versions.exists():
+            dataset.delete()
+    if owned_root:
+        transaction.on_commit(lambda: discard_upload(owned_root))
+
+
+def delete_dataset(dataset: Dataset) -> None:
+    """Delete every version of a dataset. Refused while any job uses one of them."""
+    for version in dataset.versions.all():
+        if version.is_in_use():
+            raise VersionInUse(f"{version} is used by a training job; delete refused.")
+    for version in list(dataset.versions.all()):
+        delete_version(version)
+    Dataset.objects.filter(pk=dataset.pk).delete()

@@ -1,0 +1,101 @@
+"""The API's shared conventions: the error envelope and pagination (authentication is in
+studio.authentication, which DRF imports while it loads)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.pagination import PageNumberPagination
+from rest_framework.response import Response
+from rest_framework.views import APIView, exception_handler
+
+
+
+class PagePagination(PageNumberPagination):
+    page_size_query_param = "page_size"
+    max_page_size = 500
+
+
+class PaginatedAPIView(APIView):
+    @property
+    def paginator(self) -> PagePagination:
+        if not hasattr(self, "_paginator"):
+            self._paginator = PagePagination()
+        return self._paginator
+
+
+def paginate(view: PaginatedAPIView, request, queryset, serializer_factory) -> Response:
+    page = view.paginator.paginate_queryset(queryset, request, view=view)
+    return view.paginator.get_paginated_response(serializer_factory(page).data)
+
+
+ERROR_CODES = {
+    status.HTTP_400_BAD_REQUEST: "invalid",
+    status.HTTP_401_UNAUTHORIZED: "not_authenticated",
+    status.HTTP_403_FORBIDDEN: "permission_denied",
+    status.HTTP_404_NOT_FOUND: "not_found",
+    status.HTTP_405_METHOD_NOT_ALLOWED: "method_not_allowed",
+    status.HTTP_409_CONFLICT: "conflict",
+    status.HTTP_413_REQUEST_ENTITY_TOO_LARGE: "too_large",
+    status.HTTP_415_UNSUPPORTED_MEDIA_TYPE: "unsupported_media_type",
+    status.HTTP_429_TOO_MANY_REQUESTS: "throttled",
+}
+
+
+class ApiError(exceptions.APIException):
+    """An error with our own code, status and optional per-field messages."""
+
+    def __init__(self, message: str, *, code: str = "invalid", status_code: int = 400, fields: dict[str, Any] | None = None):
+        super().__init__(detail=message, code=code)
+        self.status_code = status_code
+        self.error_code = code
+        self.fields = fields or {}
+
+
+def _flatten(detail: Any) -> Any:
+    if isinstance(detail, list):
+        flat = [_flatten(item) for item in detail]
+        return flat if any(isinstance(x, (dict, list)) for x in flat) else [str(x) for x in flat]
+    if isinstance(detail, dict):
+        return {key: _flatten(value) for key, value in detail.items()}
+    return str(detail)
+
+
+def _first_message(fields: dict[str, Any]) -> str:
+    for name, value in fields.items():
+        while isinstance(value, (list, dict)) and value:
+            value = value[0] if isinstance(value, list) else next(iter(value.values()))
+        if name == "non_field_errors":
+            return str(value)
+        return f"{name}: {value}"
+    return "Invalid input."
+
+
+def error_body(code: str, message: str, fields: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "fields": fields or {}}}
+
+
+def error_envelope_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """Every API error as {"error": {"code", "message", "fields"}} (SPEC §6)."""
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound(str(exc) if str(exc) else "Not found.")
+    elif isinstance(exc, PermissionDenied):
+        exc = exceptions.PermissionDenied(str(exc) or None)
+    response = exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, ApiError):
+        body = error_body(exc.error_code, str(exc.detail), exc.fields)
+    elif isinstance(exc, exceptions.ValidationError):
+        detail = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
+        fields = _flatten(detail)
+        body = error_body("invalid", _first_message(fields), fields)
+    else:
+        detail = exc.detail if isinstance(exc, exceptions.APIException) else str(exc)
+        code = ERROR_CODES.get(response.status_code, getattr(exc, "default_code", "error"))
+        body = error_body(code, str(detail))
+    response.data = body
+    return response

@@ -1,0 +1,129 @@
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from typing import ClassVar
+
+from django.conf import settings
+from django.core.validators import RegexValidator
+from django.db import models
+from django.utils import timezone
+
+
+class Role(models.TextChoices):
+    ADMIN = "admin", "Admin"
+    SCIENTIST = "scientist", "Scientist"
+    REVIEWER = "reviewer", "Reviewer"
+    VIEWER = "viewer", "Viewer"
+
+
+# What each role may do. Reviewers are deliberately outside the read path of
+# datasets and jobs: they reach only the review inbox.
+READ_ROLES = frozenset({Role.ADMIN, Role.SCIENTIST, Role.VIEWER})
+WRITE_ROLES = frozenset({Role.ADMIN, Role.SCIENTIST})
+ADMIN_ROLES = frozenset({Role.ADMIN})
+
+slug_validator = RegexValidator(
+    r"^[a-z0-9][a-z0-9-]{0,62}$",
+    "Use 1–63 lowercase letters, digits and hyphens, starting with a letter or digit.",
+)
+
+
+class ProjectQuerySet(models.QuerySet["Project"]):
+    def visible_to(self, user) -> ProjectQuerySet:
+        if user.is_superuser:
+            return self.all()
+        return self.filter(memberships__user=user).distinct()
+
+    def readable_by(self, user) -> ProjectQuerySet:
+        if user.is_superuser:
+            return self.all()
+        return self.filter(memberships__user=user, memberships__role__in=READ_ROLES).distinct()
+
+
+class Project(models.Model):
+    slug = models.SlugField(max_length=63, unique=True, validators=[slug_validator])
+    name = models.CharField(max_length=200)
+    description = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects: ClassVar[ProjectQuerySet] = ProjectQuerySet.as_manager()  # type: ignore[assignment]
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+    def role_of(self, user) -> str | None:
+        if not user.is_authenticated:
+            return None
+        if user.is_superuser:
+            return Role.ADMIN
+        membership = self.memberships.filter(user=user).only("role").first()
+        return membership.role if membership else None
+
+
+class Membership(models.Model):
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["project", "user"], name="one_membership_per_user")]
+
+
+TOKEN_PREFIX = "ty"
+
+
+def hash_token(raw: str) -> str:
+    # Tokens carry 256 bits of randomness, so a fast hash is safe here (no dictionary to
+    # attack) and keeps authentication to one indexed lookup plus one SHA-256.
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+class ApiTokenQuerySet(models.QuerySet["ApiToken"]):
+    def usable(self) -> ApiTokenQuerySet:
+        now = timezone.now()
+        return self.filter(models.Q(expires_at__isnull=True) | models.Q(expires_at__gt=now))
+
+
+class ApiToken(models.Model):
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100)
+    # The public part, shown in listings so a person can tell tokens apart; the lookup key.
+    key_id = models.CharField(max_length=16, unique=True)
+    secret_hash = models.CharField(max_length=64)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    objects: ClassVar[ApiTokenQuerySet] = ApiTokenQuerySet.as_manager()  # type: ignore[assignment]
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    @classmethod
+    def issue(cls, user, name: str, expires_at=None) -> tuple[ApiToken, str]:
+        """Create a token and return it with its only plain-text copy."""
+        key_id = secrets.token_hex(6)
+        raw = f"{TOKEN_PREFIX}_{key_id}_{secrets.token_urlsafe(32)}"
+        token = cls.objects.create(user=user, name=name, key_id=key_id, secret_hash=hash_token(raw), expires_at=expires_at)
+        return token, raw
+
+    @classmethod
+    def authenticate(cls, raw: str) -> ApiToken | None:
+        parts = raw.split("_", 2)
+        if len(parts) != 3 or parts[0] != TOKEN_PREFIX:
+            return None
+        token = cls.objects.usable().select_related("user").filter(key_id=parts[1]).first()
+        if token is None or not hmac.compare_digest(token.secret_hash, hash_token(raw)):
+            return None
+        if not token.user.is_active:
+            return None
+        return token
+
+    def is_expired(self) -> bool:
+        return self.expires_at is not None and self.expires_at <= timezone.now()

@@ -1,0 +1,208 @@
+"""Trainyard settings. Everything that differs between machines comes from the
+environment; README.md lists every variable."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import dj_database_url
+
+from studio.envconf import env_bool, env_int, env_paths, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(env_str("STUDIO_DATA_DIR", str(BASE_DIR / "var"))).expanduser().resolve()
+DATA_DIR.mkdir(parents=True, exist_ok=True)
+
+
+def _secret_key() -> str:
+    configured = env_str("STUDIO_SECRET_KEY")
+    if configured:
+        return configured
+    # A key generated once per data directory keeps sessions valid across restarts
+    # without anyone having to invent one for a local studio.
+    key_file = DATA_DIR / "secret_key"
+    if not key_file.exists():
+        key_file.write_text(secrets.token_urlsafe(50))
+        key_file.chmod(0o600)
+    return key_file.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env_bool("STUDIO_DEBUG", False)
+ALLOWED_HOSTS = [h for h in env_str("STUDIO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",") if h]
+CSRF_TRUSTED_ORIGINS = [o for o in env_str("STUDIO_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.humanize",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "django_htmx",
+    "studio",
+    "datasets",
+    "jobs",
+    "review",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+    "studio.middleware.ApiErrorMiddleware",
+]
+
+ROOT_URLCONF = "studio.urls"
+WSGI_APPLICATION = "studio.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "studio.context.navigation",
+            ],
+        },
+    },
+]
+
+# --- database -------------------------------------------------------------------------
+DATABASE_URL = env_str("DATABASE_URL")
+if DATABASE_URL:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": DATA_DIR / "studio.sqlite3",
+            "OPTIONS": {
+                # WAL lets the web server read while a worker writes; IMMEDIATE avoids
+                # the "database is locked" error when a read transaction upgrades.
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+            },
+            # Worker subprocesses in tests must see the test database, so it is a file.
+            "TEST": {"NAME": str(DATA_DIR / "test-studio.sqlite3")},
+        }
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- redis, celery --------------------------------------------------------------------
+# `studio up` and `make test` start an embedded Redis and export REDIS_URL when it is unset.
+REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+# Tasks are acknowledged after they run so a worker killed mid-task does not lose it.
+# The visibility timeout is longer than any control task; training jobs are owned through
+# leases in the database, not through the broker (ARCHITECTURE.md).
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("STUDIO_BROKER_VISIBILITY_SECONDS", 6 * 3600)}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BEAT_SCHEDULE = {
+    "mark-lost-nodes": {"task": "jobs.tasks.mark_lost_nodes_task", "schedule": 10.0},
+}
+
+# --- storage --------------------------------------------------------------------------
+STUDIO_OBJECT_STORE = env_str("STUDIO_OBJECT_STORE", (DATA_DIR / "objects").as_uri())
+AWS_ENDPOINT_URL = env_str("AWS_ENDPOINT_URL") or None
+STUDIO_DATA_ROOTS = [p.resolve() for p in env_paths("STUDIO_DATA_ROOTS", [DATA_DIR / "data"])]
+STUDIO_MAX_UPLOAD_BYTES = env_int("STUDIO_MAX_UPLOAD_BYTES", 2 * 1024**3)
+STUDIO_NODE_LOST_SECONDS = env_int("STUDIO_NODE_LOST_SECONDS", 30)
+STUDIO_NODE_HEARTBEAT_SECONDS = env_int("STUDIO_NODE_HEARTBEAT_SECONDS", 5)
+FILE_UPLOAD_HANDLERS = ["datasets.uploads.ObjectStoreUploadHandler"]
+FILE_UPLOAD_MAX_MEMORY_SIZE = 0
+DATA_UPLOAD_MAX_NUMBER_FILES = env_int("STUDIO_MAX_UPLOAD_FILES", 10_000)
+
+# --- auth -----------------------------------------------------------------------------
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "overview"
+LOGOUT_REDIRECT_URL = "login"
+SESSION_COOKIE_HTTPONLY = True
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 8}},
+]
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "studio.authentication.BearerTokenAuthentication",
+        "studio.authentication.CsrfSessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "studio.api.PagePagination",
+    "PAGE_SIZE": 50,
+    "EXCEPTION_HANDLER": "studio.api.error_envelope_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer", "rest_framework.renderers.BrowsableAPIRenderer"],
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Trainyard API",
+    "DESCRIPTION": "Datasets, training jobs, tuning, models and human review. "
+    "Authenticate with `Authorization: Bearer <token>` (POST /api/v1/tokens/ to get one).",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# --- i18n, static ---------------------------------------------------------------------
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "/static/"
+STATIC_ROOT = DATA_DIR / "staticfiles"
+def _plotly_bundle_dir() -> Path:
+    import plotly
+
+    return Path(plotly.__file__).parent / "package_data"
+
+
+# plotly's own bundled plotly.min.js, served as /static/vendor/plotly/plotly.min.js (no CDN).
+STATICFILES_DIRS = [BASE_DIR / "static", ("vendor/plotly", _plotly_bundle_dir())]
+# Plain storage: pages render without a collectstatic step; whitenoise still serves
+# files from the finders with autorefresh when no STATIC_ROOT copy exists.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("STUDIO_LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
+
+# Queue names, overridable so a test session never shares queues with a running studio.
+STUDIO_CONTROL_QUEUE = env_str("STUDIO_CONTROL_QUEUE", "control")
+CELERY_TASK_DEFAULT_QUEUE = STUDIO_CONTROL_QUEUE
+CELERY_TASK_ROUTES = {"datasets.tasks.*": {"queue": STUDIO_CONTROL_QUEUE}, "jobs.tasks.mark_lost_nodes_task": {"queue": STUDIO_CONTROL_QUEUE}}

@@ -1,0 +1,27 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+
+from datasets import api as datasets_api
+from studio import views_api
+
+api_v1 = [
+    path("health", views_api.HealthView.as_view(), name="api-health"),
+    path("tokens/", views_api.TokenListView.as_view(), name="api-tokens"),
+    path("tokens/<int:pk>/", views_api.TokenDetailView.as_view(), name="api-token"),
+    path("projects/", views_api.ProjectListView.as_view(), name="api-projects"),
+    path("projects/<slug:slug>/members/", views_api.ProjectMembersView.as_view(), name="api-project-members"),
+    path("datasets/", datasets_api.DatasetListView.as_view(), name="api-datasets"),
+    path("datasets/<int:pk>/", datasets_api.DatasetDetailView.as_view(), name="api-dataset"),
+    path("dataset-versions/", datasets_api.DatasetVersionListView.as_view(), name="api-dataset-versions"),
+    path("dataset-versions/<int:pk>/", datasets_api.DatasetVersionDetailView.as_view(), name="api-dataset-version"),
+]
+
+urlpatterns = [
+    path("api/v1/", include(api_v1)),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("api/redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
+    path("admin/", admin.site.urls),
+    path("", include("studio.page_urls")),
+]
