@@ -11,10 +11,10 @@ from datasets.splits import parse_split
 
 def clean_name(value: str) -> str:
     value = value.strip()
+    if not value:
+        raise serializers.ValidationError("This field may not be blank.")
     if any(unicodedata.category(ch) in ("Cc", "Cf") for ch in value):
         raise serializers.ValidationError("Names cannot contain control characters.")
-    if "/" in value:
-        raise serializers.ValidationError("Names cannot contain '/'.")
     return value
 
 

@@ -174,7 +174,9 @@ class S3Store:
             import boto3
             from botocore.config import Config
 
-            self._client = boto3.client(
+            # A session per store: credentials are resolved from the environment each time,
+            # so a rotated key or a fixed configuration is picked up without a restart.
+            self._client = boto3.session.Session().client(
                 "s3",
                 endpoint_url=self.endpoint_url,
                 config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 3, "mode": "standard"}),
@@ -200,7 +202,7 @@ class S3Store:
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "")
             _, bucket, key = split_uri(uri)
-            if code == "NoSuchBucket":
+            if code == "NoSuchBucket" or (code == "404" and not key):
                 raise StorageError(f"bucket '{bucket}' does not exist") from exc
             if code in ("NoSuchKey", "404"):
                 raise StorageError(f"{uri} does not exist") from exc
@@ -271,7 +273,7 @@ class S3Store:
 
     def check_bucket(self, uri: str) -> None:
         _, bucket, _ = split_uri(uri)
-        with self._errors(uri):
+        with self._errors(f"s3://{bucket}"):
             self.client.head_bucket(Bucket=bucket)
 
     def presigned_url(self, uri: str, expires_seconds: int = 3600, filename: str | None = None) -> str:

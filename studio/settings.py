@@ -176,6 +176,7 @@ USE_I18N = False
 USE_TZ = True
 STATIC_URL = "/static/"
 STATIC_ROOT = DATA_DIR / "staticfiles"
+STATIC_ROOT.mkdir(exist_ok=True)  # whitenoise warns on a missing root; finders serve the files
 def _plotly_bundle_dir() -> Path:
     import plotly
 

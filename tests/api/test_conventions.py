@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+from rest_framework.test import APIClient
+
+
+def test_unknown_api_path_is_a_json_404(db):
+    response = APIClient().get("/api/v1/nope/")
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "not_found"
+
+
+def test_malformed_json_is_a_400_envelope(owner, client_for):
+    response = client_for(owner).post("/api/v1/projects/", "{not json", content_type="application/json")
+    assert response.status_code == 400
+    assert response.json()["error"]["message"]
+
+
+def test_openapi_schema_lists_the_endpoints(db):
+    response = APIClient().get("/api/schema/", HTTP_ACCEPT="application/json")
+    assert response.status_code == 200
+    text = response.content.decode()
+    for path in ("/api/v1/datasets/", "/api/v1/tokens/", "/api/v1/dataset-versions/{id}/", "/api/v1/health"):
+        assert path in text
+
+
+def test_api_docs_are_served_without_a_cdn(db):
+    response = APIClient().get("/api/docs/")
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "swagger-ui" in html
+    assert "cdn." not in html and "unpkg.com" not in html and "jsdelivr" not in html
+    assert "/static/drf_spectacular_sidecar/" in html
+
+
+def test_health_reports_database_redis_and_nodes(owner, client_for):
+    from jobs.models import Node
+
+    Node.objects.create(name="node-a", hostname="h", queue="node.node-a")
+    anonymous = APIClient().get("/api/v1/health").json()
+    assert anonymous["database"]["ok"] is True
+    assert anonymous["redis"]["ok"] is True
+    assert anonymous["nodes"] == {"live": 1, "total": 1}
+    detailed = client_for(owner).get("/api/v1/health").json()
+    assert detailed["nodes"]["items"][0]["name"] == "node-a"
+    assert detailed["nodes"]["items"][0]["state"] == "idle"
+
+
+def test_lists_are_paginated(owner, client_for):
+    from studio import actions
+
+    for i in range(3):
+        actions.create_project(slug=f"p{i}", owner=owner)
+    body = client_for(owner).get("/api/v1/projects/?page_size=2").json()
+    assert body["count"] == 4
+    assert len(body["results"]) == 2
+    assert body["next"]
