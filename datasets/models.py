@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import ClassVar
 
 from django.conf import settings
@@ -64,6 +65,13 @@ class DatasetVersionQuerySet(models.QuerySet["DatasetVersion"]):
     def ready(self) -> DatasetVersionQuerySet:
         return self.filter(status=VersionStatus.READY)
 
+    def stalled(self, older_than_seconds: int) -> DatasetVersionQuerySet:
+        """Validating versions whose worker has not reported for a while (or never started)."""
+        cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
+        return self.filter(status=VersionStatus.VALIDATING).filter(
+            models.Q(validation_heartbeat__lt=cutoff) | models.Q(validation_heartbeat__isnull=True, created_at__lt=cutoff)
+        )
+
 
 class DatasetVersion(models.Model):
     """An immutable, numbered snapshot of a dataset's content.
@@ -96,6 +104,9 @@ class DatasetVersion(models.Model):
     channel_counts = models.JSONField(default=dict, blank=True)
     errors = models.JSONField(default=list, blank=True)
     progress = models.FloatField(default=0.0)
+    # Touched while a worker validates; a version validating with an old heartbeat lost its
+    # worker and is handed to another (datasets.validation_run.requeue_stalled_validations).
+    validation_heartbeat = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(default=timezone.now)
     validated_at = models.DateTimeField(null=True, blank=True)

@@ -23,6 +23,7 @@ def run_validation(version_id: int) -> str | None:
     version = DatasetVersion.objects.filter(pk=version_id, status=VersionStatus.VALIDATING).first()
     if version is None:
         return None
+    DatasetVersion.objects.filter(pk=version_id, status=VersionStatus.VALIDATING).update(validation_heartbeat=timezone.now())
     files = assign_file_channels([DataFile(path=f["path"], uri=f["uri"], size=f["size"]) for f in version.files])
     last_report = [0.0]
 
@@ -30,7 +31,9 @@ def run_validation(version_id: int) -> str | None:
         now = time.monotonic()
         if now - last_report[0] >= PROGRESS_EVERY_SECONDS:
             last_report[0] = now
-            DatasetVersion.objects.filter(pk=version_id, status=VersionStatus.VALIDATING).update(progress=round(fraction, 4))
+            DatasetVersion.objects.filter(pk=version_id, status=VersionStatus.VALIDATING).update(
+                progress=round(fraction, 4), validation_heartbeat=timezone.now()
+            )
 
     def open_read(uri: str):
         return store_for(uri).open_read(uri)
@@ -68,3 +71,21 @@ def run_validation(version_id: int) -> str | None:
             validated_at=timezone.now(),
         )
     return new_status
+
+
+STALLED_AFTER_SECONDS = 300
+
+
+def requeue_stalled_validations(older_than_seconds: int = STALLED_AFTER_SECONDS) -> list[int]:
+    """Hand validations whose worker died (no heartbeat for a while) to a live worker.
+    Running one twice is harmless: the outcome is written only while still validating."""
+    from datasets.tasks import validate_version_task
+
+    stalled = list(DatasetVersion.objects.stalled(older_than_seconds).values_list("pk", flat=True))
+    for version_id in stalled:
+        # Touch first so the next sweep does not enqueue it again before a worker starts.
+        DatasetVersion.objects.filter(pk=version_id, status=VersionStatus.VALIDATING).update(validation_heartbeat=timezone.now())
+        validate_version_task.delay(version_id)
+    if stalled:
+        log.warning("re-enqueued stalled dataset validations: %s", stalled)
+    return stalled

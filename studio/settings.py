@@ -122,6 +122,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE = {
     "mark-lost-nodes": {"task": "jobs.tasks.mark_lost_nodes_task", "schedule": 10.0},
+    "requeue-stalled-validations": {"task": "datasets.tasks.requeue_stalled_validations_task", "schedule": 60.0},
 }
 
 # --- storage --------------------------------------------------------------------------

@@ -274,3 +274,20 @@ def test_dataset_list_query_count_is_bounded(owner, client_for, django_assert_ma
         body = client.get("/api/v1/datasets/?project=acme").json()
     assert body["count"] == 5
     assert all(d["latest_version"]["status"] == "validating" for d in body["results"])
+
+
+def test_stalled_validation_is_requeued_and_finished(owner, client_for, django_capture_on_commit_callbacks):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from datasets.validation_run import requeue_stalled_validations
+
+    version_id = upload(client_for(owner)).json()["id"]
+    assert requeue_stalled_validations() == []  # fresh: its worker may still be starting
+    long_ago = timezone.now() - timedelta(minutes=10)
+    DatasetVersion.objects.filter(pk=version_id).update(created_at=long_ago, validation_heartbeat=long_ago)
+    assert requeue_stalled_validations() == [version_id]
+    assert requeue_stalled_validations() == []  # touched: not enqueued twice
+    assert run_validation(version_id) == "ready"
+    assert run_validation(version_id) is None  # a redelivered task finds it done
