@@ -13,7 +13,6 @@ from rest_framework.response import Response
 from rest_framework.views import APIView, exception_handler
 
 
-
 class PagePagination(PageNumberPagination):
     page_size_query_param = "page_size"
     max_page_size = 500
