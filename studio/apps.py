@@ -6,4 +6,4 @@ class StudioConfig(AppConfig):
     verbose_name = "Studio"
 
     def ready(self) -> None:
-        from studio import checks  # noqa: F401  (registers system checks)
+        from studio import checks, schema  # noqa: F401  (registers system checks and OpenAPI extensions)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.db import connection
 from django.shortcuts import get_object_or_404
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.authentication import BasicAuthentication
@@ -96,6 +97,7 @@ class HealthView(APIView):
 
     permission_classes = [AllowAny]
 
+    @extend_schema(responses={200: OpenApiTypes.OBJECT, 503: OpenApiTypes.OBJECT})
     def get(self, request: Request) -> Response:
         from jobs.models import Node
 

@@ -54,3 +54,9 @@ def test_lists_are_paginated(owner, client_for):
     assert body["count"] == 4
     assert len(body["results"]) == 2
     assert body["next"]
+
+
+def test_schema_generates_without_warnings(db):
+    from django.core.management import call_command
+
+    call_command("spectacular", "--validate", "--fail-on-warn", "--file", "/dev/null")
