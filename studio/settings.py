@@ -3,7 +3,9 @@ environment; README.md lists every variable."""
 
 from __future__ import annotations
 
+import os
 import secrets
+import tempfile
 from pathlib import Path
 
 import dj_database_url
@@ -99,8 +101,9 @@ else:
                 "transaction_mode": "IMMEDIATE",
                 "timeout": 20,
             },
-            # Worker subprocesses in tests must see the test database, so it is a file.
-            "TEST": {"NAME": str(DATA_DIR / "test-studio.sqlite3")},
+            # Worker subprocesses in tests must see the test database, so it is a file; one
+            # per test run, so two runs on one machine never share it.
+            "TEST": {"NAME": str(Path(tempfile.gettempdir()) / f"trainyard-test-{os.getpid()}.sqlite3")},
         }
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
