@@ -30,6 +30,7 @@ lint: venv
 
 bench: venv
 	$(PY) bench/datasets.py
+	$(PY) bench/serving.py
 
 clean:
 	rm -rf $(VENV) var

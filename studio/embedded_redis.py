@@ -47,7 +47,12 @@ class EmbeddedRedis:
             "--appendonly", "no", "--dir", str(self.data_dir), "--daemonize", "no", "--loglevel", "warning",
             "--logfile", str(self.data_dir / "redis.log"),
         ]
-        self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        from studio.supervisor import die_with_parent_hook
+
+        # Its own session: a terminal's Ctrl-C reaches the supervisor, which stops Redis
+        # last, after the processes that use it. Dies with its parent if that is killed.
+        self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                        start_new_session=True, preexec_fn=die_with_parent_hook())
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -1,0 +1,150 @@
+"""Nodes: registration, heartbeats and the lost-node sweep.
+
+A node is one `studio worker` process. It registers (or re-registers) its row at start,
+heartbeats from a daemon thread while it runs, and marks itself stopped on a clean
+shutdown. The control worker's beat runs `mark_lost_nodes` every few seconds, so a node
+whose process died without saying so (SIGKILL, power loss, network split) is seen as lost
+instead of "idle forever" (SPEC: no runs that stay running after their process died).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import close_old_connections, connection
+from django.utils import timezone
+
+from jobs.models import Node, NodeState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MachineResources:
+    cpus: int
+    memory_bytes: int
+    gpus: int
+
+
+def node_queue(name: str) -> str:
+    """The node's own Celery queue: tasks for exactly this node, never shared."""
+    return f"node.{name}"
+
+
+def count_gpus() -> int:
+    """GPUs that NVML sees; 0 on machines without an NVIDIA driver (nvmlInit raises
+    NVMLError_LibraryNotFound there) or without the pynvml module."""
+    try:
+        import pynvml
+    except ImportError:
+        return 0
+    try:
+        pynvml.nvmlInit()
+    except (pynvml.NVMLError, OSError):
+        return 0
+    try:
+        return int(pynvml.nvmlDeviceGetCount())
+    except pynvml.NVMLError:
+        return 0
+    finally:
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlShutdown()
+
+
+def machine_resources() -> MachineResources:
+    import psutil
+
+    return MachineResources(cpus=os.cpu_count() or 1, memory_bytes=int(psutil.virtual_memory().total), gpus=count_gpus())
+
+
+def register_node(*, name: str, instance_type: str = "cpu", hostname: str | None = None, pid: int | None = None,
+                  resources: MachineResources | None = None) -> Node:
+    """Create or refresh the node's row. A restarted worker reuses its name, so its row
+    (and anything that refers to it) carries on; state goes back to idle because a fresh
+    process runs nothing yet."""
+    resources = resources or machine_resources()
+    now = timezone.now()
+    node, _ = Node.objects.update_or_create(
+        name=name,
+        defaults={
+            "hostname": hostname or socket.gethostname(),
+            "instance_type": instance_type,
+            "queue": node_queue(name),
+            "cpus": resources.cpus,
+            "memory_bytes": resources.memory_bytes,
+            "gpus": resources.gpus,
+            "pid": pid if pid is not None else os.getpid(),
+            "state": NodeState.IDLE,
+            "started_at": now,
+            "last_heartbeat": now,
+        },
+    )
+    return node
+
+
+def heartbeat(node_name: str) -> None:
+    """Record that the node is alive. Targeted updates only: the heartbeat must never
+    overwrite a state that the scheduler set in between (busy, warm)."""
+    now = timezone.now()
+    # A node the sweep marked lost while it was merely slow (a long GC, a stalled disk)
+    # comes back as idle. Compare-and-set on `lost` so a concurrent state change by the
+    # scheduler is not undone.
+    revived = Node.objects.filter(name=node_name, state=NodeState.LOST).update(state=NodeState.IDLE, last_heartbeat=now)
+    if revived:
+        log.warning("node %s heartbeats again after being marked lost; it is idle again", node_name)
+        return
+    Node.objects.filter(name=node_name).exclude(state=NodeState.STOPPED).update(last_heartbeat=now)
+
+
+def mark_lost_nodes() -> int:
+    """Mark nodes whose last heartbeat is older than STUDIO_NODE_LOST_SECONDS as lost and
+    return how many. One UPDATE whose WHERE repeats the staleness test: a heartbeat that
+    lands first makes the row no longer match, one that lands after revives the node."""
+    cutoff = timezone.now() - timedelta(seconds=settings.STUDIO_NODE_LOST_SECONDS)
+    count = (Node.objects.filter(last_heartbeat__lt=cutoff)
+             .exclude(state__in=[NodeState.LOST, NodeState.STOPPED])
+             .update(state=NodeState.LOST))
+    if count:
+        log.warning("marked %d node(s) lost (no heartbeat for %d s)", count, settings.STUDIO_NODE_LOST_SECONDS)
+    return count
+
+
+def mark_stopped(name: str) -> bool:
+    """A clean shutdown: the node will not take work until it registers again."""
+    return bool(Node.objects.filter(name=name).exclude(state=NodeState.STOPPED).update(state=NodeState.STOPPED))
+
+
+class HeartbeatThread(threading.Thread):
+    """Heartbeats every `interval` seconds until stopped. A daemon thread, so a worker that
+    exits abruptly is not held up by it; a failed beat (database restarting) is logged and
+    retried at the next tick rather than ending the thread."""
+
+    def __init__(self, node_name: str, interval: float | None = None) -> None:
+        super().__init__(name=f"heartbeat-{node_name}", daemon=True)
+        self.node_name = node_name
+        self.interval = float(interval if interval is not None else settings.STUDIO_NODE_HEARTBEAT_SECONDS)
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self._stopping.wait(self.interval):
+                try:
+                    close_old_connections()
+                    heartbeat(self.node_name)
+                except Exception:  # noqa: BLE001 - a missed beat must not end the heartbeats
+                    log.exception("heartbeat for node %s failed; retrying in %.0f s", self.node_name, self.interval)
+                    connection.close()
+        finally:
+            connection.close()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopping.set()
+        if self.is_alive() and self is not threading.current_thread():
+            self.join(timeout)
