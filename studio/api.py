@@ -26,9 +26,10 @@ class PaginatedAPIView(APIView):
         return self._paginator
 
 
-def paginate(view: PaginatedAPIView, request, queryset, serializer_factory) -> Response:
+def paginate(view: PaginatedAPIView, request, queryset, rows) -> Response:
+    """One page of `queryset`, each page turned into JSON-ready rows by `rows(page)`."""
     page = view.paginator.paginate_queryset(queryset, request, view=view)
-    return view.paginator.get_paginated_response(serializer_factory(page).data)
+    return view.paginator.get_paginated_response(rows(page))
 
 
 ERROR_CODES = {

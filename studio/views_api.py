@@ -35,7 +35,7 @@ class TokenListView(PaginatedAPIView):
     @extend_schema(responses=TokenSerializer(many=True))
     def get(self, request: Request) -> Response:
         tokens = ApiToken.objects.filter(user=request.user)
-        return paginate(self, request, tokens, lambda page: TokenSerializer(page, many=True))
+        return paginate(self, request, tokens, lambda page: TokenSerializer(page, many=True).data)
 
     @extend_schema(request=TokenCreateSerializer, responses={201: TokenSerializer})
     def post(self, request: Request) -> Response:
@@ -64,7 +64,7 @@ class ProjectListView(PaginatedAPIView):
         roles = dict(Membership.objects.filter(user=request.user).values_list("project_id", "role"))
         if request.user.is_superuser:
             roles = {pk: roles.get(pk, "admin") for pk in projects.values_list("pk", flat=True)}
-        return paginate(self, request, projects, lambda page: ProjectSerializer(page, many=True, context={"roles": roles}))
+        return paginate(self, request, projects, lambda page: ProjectSerializer(page, many=True, context={"roles": roles}).data)
 
     @extend_schema(request=ProjectCreateSerializer, responses={201: ProjectSerializer})
     def post(self, request: Request) -> Response:
@@ -79,7 +79,7 @@ class ProjectMembersView(PaginatedAPIView):
     def get(self, request: Request, slug: str) -> Response:
         project = get_project_for_user(request.user, slug)
         members = project.memberships.select_related("user").order_by("user__username")
-        return paginate(self, request, members, lambda page: MembershipSerializer(page, many=True))
+        return paginate(self, request, members, lambda page: MembershipSerializer(page, many=True).data)
 
     @extend_schema(request=MemberSerializer, responses={201: MembershipSerializer})
     def post(self, request: Request, slug: str) -> Response:
