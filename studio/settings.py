@@ -135,8 +135,6 @@ STUDIO_DATA_ROOTS = [p.resolve() for p in env_paths("STUDIO_DATA_ROOTS", [DATA_D
 STUDIO_MAX_UPLOAD_BYTES = env_int("STUDIO_MAX_UPLOAD_BYTES", 2 * 1024**3)
 STUDIO_NODE_LOST_SECONDS = env_int("STUDIO_NODE_LOST_SECONDS", 30)
 STUDIO_NODE_HEARTBEAT_SECONDS = env_int("STUDIO_NODE_HEARTBEAT_SECONDS", 5)
-FILE_UPLOAD_HANDLERS = ["datasets.uploads.ObjectStoreUploadHandler"]
-FILE_UPLOAD_MAX_MEMORY_SIZE = 0
 DATA_UPLOAD_MAX_NUMBER_FILES = env_int("STUDIO_MAX_UPLOAD_FILES", 10_000)
 
 # --- auth -----------------------------------------------------------------------------
