@@ -1,7 +1,24 @@
-from django.contrib.auth import views as auth_views
+"""Every page route (the API lives in studio/urls.py under /api/)."""
+
 from django.urls import path
 
+from datasets import views as dataset_views
+from studio import views
+
 urlpatterns = [
-    path("login/", auth_views.LoginView.as_view(), name="login"),
-    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("login/", views.LoginView.as_view(), name="login"),
+    path("logout/", views.LogoutView.as_view(), name="logout"),
+    path("", views.overview, name="overview"),
+    path("datasets/", dataset_views.dataset_list, name="dataset-list"),
+    path("datasets/new/", dataset_views.dataset_upload, name="dataset-upload"),
+    path("datasets/<int:pk>/", dataset_views.dataset_detail, name="dataset-detail"),
+    path("datasets/versions/<int:pk>/", dataset_views.version_redirect, name="dataset-version"),
+    path("datasets/versions/<int:pk>/status/", dataset_views.version_status, name="dataset-version-status"),
+    path("datasets/versions/<int:pk>/delete/", dataset_views.version_delete, name="dataset-version-delete"),
+    path("datasets/versions/<int:pk>/files/<path:path>", dataset_views.version_file, name="dataset-file"),
+    path("jobs/", views.job_list, name="job-list"),
+    path("tuning/", views.tuning, name="tuning"),
+    path("models/", views.models, name="models"),
+    path("review/", views.review_inbox, name="review-inbox"),
+    path("nodes/", views.nodes, name="nodes"),
 ]

@@ -1,0 +1,51 @@
+// Behaviour every page shares: relative times that stay current, confirmation before
+// destructive forms, and selects that submit on change (the project switcher).
+(function () {
+  "use strict";
+
+  function phrase(date, now) {
+    var seconds = (now - date) / 1000;
+    var future = seconds < 0;
+    seconds = Math.abs(seconds);
+    var amount;
+    if (seconds < 5) return "just now";
+    if (seconds < 60) amount = Math.floor(seconds) + " s";
+    else if (seconds < 3600) amount = Math.floor(seconds / 60) + " min";
+    else if (seconds < 86400) amount = Math.floor(seconds / 3600) + " h";
+    else if (seconds < 30 * 86400) {
+      var days = Math.floor(seconds / 86400);
+      amount = days + (days === 1 ? " day" : " days");
+    } else {
+      return null; // past a month the server's date is right as it is
+    }
+    return future ? "in " + amount : amount + " ago";
+  }
+
+  function refreshTimes(root) {
+    var now = Date.now();
+    (root || document).querySelectorAll("time.reltime[datetime]").forEach(function (el) {
+      var date = Date.parse(el.getAttribute("datetime"));
+      if (isNaN(date)) return;
+      var text = phrase(date, now);
+      if (text && el.textContent !== text) el.textContent = text;
+    });
+  }
+
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    var question = form.getAttribute && form.getAttribute("data-confirm");
+    if (question && !window.confirm(question)) event.preventDefault();
+  });
+
+  document.addEventListener("change", function (event) {
+    var el = event.target;
+    if (el.matches && el.matches("select[data-autosubmit]") && el.form) el.form.submit();
+  });
+
+  document.addEventListener("DOMContentLoaded", function () {
+    refreshTimes();
+    window.setInterval(refreshTimes, 30000);
+  });
+  // Fragments swapped in by htmx (the validation status) carry their own times.
+  document.addEventListener("htmx:afterSwap", function (event) { refreshTimes(event.target); });
+})();
