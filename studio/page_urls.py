@@ -3,7 +3,7 @@
 from django.urls import path
 
 from datasets import views as dataset_views
-from studio import views
+from studio import views, views_tokens
 
 urlpatterns = [
     path("login/", views.LoginView.as_view(), name="login"),
@@ -21,4 +21,6 @@ urlpatterns = [
     path("models/", views.models, name="models"),
     path("review/", views.review_inbox, name="review-inbox"),
     path("nodes/", views.nodes, name="nodes"),
+    path("account/tokens/", views_tokens.token_list, name="tokens"),
+    path("account/tokens/<int:pk>/revoke/", views_tokens.token_revoke, name="token-revoke"),
 ]
