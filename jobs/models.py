@@ -32,14 +32,51 @@ class TrainingJobQuerySet(models.QuerySet["TrainingJob"]):
         return self.filter(status__in=[JobStatus.STARTING, JobStatus.TRAINING, JobStatus.UPLOADING, JobStatus.STOPPING])
 
 
+class Distribution(models.TextChoices):
+    NONE = "none"
+    DDP = "ddp"
+    FSDP = "fsdp"
+    PIPELINE = "pipeline"
+
+
 class TrainingJob(models.Model):
-    """One run of an algorithm on dataset versions (SPEC §3). The runner arrives with the
-    training-jobs work; this row is what the rest of the studio refers to."""
+    """One run of an algorithm or a script on dataset versions (SPEC §3).
+
+    Request fields keep the API's names. `attempt` counts launches (a node loss re-queues
+    the job with attempt + 1); `lease_expires_at` is the node agent's claim, renewed by its
+    heartbeat, so a job whose agent died is noticed without the broker's help."""
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="training_jobs")
     name = models.CharField(max_length=200)
     status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.PENDING, db_index=True)
     failure_reason = models.TextField(blank=True)
+    # What to run: a built-in algorithm by name, or a script in the object store.
+    algorithm = models.CharField(max_length=64, blank=True)
+    script_uri = models.CharField(max_length=1024, blank=True)
+    entry_point = models.CharField(max_length=255, blank=True)
+    hyperparameters = models.JSONField(default=dict, blank=True)
+    # {"instance_type": "cpu", "instance_count": 1, "processes_per_node": 1}
+    resources = models.JSONField(default=dict, blank=True)
+    distribution = models.CharField(max_length=16, choices=Distribution.choices, default=Distribution.NONE)
+    stopping = models.JSONField(default=dict, blank=True)  # {"max_runtime_seconds": N}
+    checkpoint = models.JSONField(default=dict, blank=True)  # {"uri": "...", "every_steps": N}
+    keep_alive_seconds = models.PositiveIntegerField(default=0)
+    retries = models.PositiveIntegerField(default=0)
+    metric_definitions = models.JSONField(default=list, blank=True)  # [{"name", "regex"}]
+    environment = models.JSONField(default=dict, blank=True)
+    tags = models.JSONField(default=list, blank=True)
+    # Outcome.
+    attempt = models.PositiveIntegerField(default=0)
+    output_uri = models.CharField(max_length=1024, blank=True)
+    model_uri = models.CharField(max_length=1024, blank=True)
+    final_metrics = models.JSONField(default=dict, blank=True)
+    stop_reason = models.CharField(max_length=64, blank=True)
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    training_started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    waiting_reason = models.CharField(max_length=300, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(default=timezone.now)
 
@@ -47,12 +84,95 @@ class TrainingJob(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        indexes = [
+            # The scheduler's FIFO scan of pending jobs.
+            models.Index(fields=["status", "created_at"], name="job_status_created"),
+        ]
 
     def __str__(self) -> str:
         return self.name
 
     def is_finished(self) -> bool:
         return self.status in FINISHED_STATUSES
+
+    @property
+    def instance_type(self) -> str:
+        return self.resources.get("instance_type", "cpu")
+
+    @property
+    def instance_count(self) -> int:
+        return int(self.resources.get("instance_count", 1))
+
+    @property
+    def processes_per_node(self) -> int:
+        return int(self.resources.get("processes_per_node", 1))
+
+    @property
+    def max_runtime_seconds(self) -> int | None:
+        value = self.stopping.get("max_runtime_seconds")
+        return int(value) if value else None
+
+
+class JobEvent(models.Model):
+    """The timeline: every status transition with its time (SageMaker's secondary status
+    transitions), plus notable moments (staging done, checkpoint restored)."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="events")
+    status = models.CharField(max_length=16, choices=JobStatus.choices)
+    at = models.DateTimeField(default=timezone.now)
+    message = models.TextField(blank=True)
+    attempt = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["at", "pk"]
+
+
+class MetricPoint(models.Model):
+    """One point of a metric series. Unique on (job, name, step, rank): a re-sent point
+    replaces the stored one, so redelivery and resumed runs never duplicate."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="metric_points")
+    name = models.CharField(max_length=200)
+    step = models.BigIntegerField()
+    rank = models.IntegerField(default=0)
+    value = models.FloatField()
+    time = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "name", "step", "rank"], name="one_point_per_step_rank")]
+        # The unique index (job, name, step, rank) also serves history reads of one series in step order.
+
+
+class SystemMetric(models.Model):
+    """Per-node samples while a job runs: CPU %, memory, GPU utilisation and memory."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="system_metrics")
+    node_name = models.CharField(max_length=200)
+    time = models.DateTimeField()
+    cpu_percent = models.FloatField()
+    memory_bytes = models.BigIntegerField()
+    gpu_percent = models.FloatField(null=True, blank=True)
+    gpu_memory_bytes = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["job", "time"], name="system_metric_job_time")]
+
+
+class JobAttempt(models.Model):
+    """One launch of a job on one node (node_rank of instance_count)."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="attempts")
+    attempt = models.PositiveIntegerField()
+    node_rank = models.PositiveIntegerField(default=0)
+    node = models.ForeignKey("Node", null=True, on_delete=models.SET_NULL, related_name="attempts")
+    started_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    outcome = models.CharField(max_length=32, blank=True)
+    warm_start = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "attempt", "node_rank"], name="one_launch_per_node_rank")]
 
 
 class JobInput(models.Model):
@@ -104,6 +224,7 @@ class Node(models.Model):
     version = models.CharField(max_length=64, blank=True)
     pid = models.PositiveIntegerField(null=True, blank=True)
     state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.IDLE, db_index=True)
+    current_job = models.ForeignKey(TrainingJob, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     started_at = models.DateTimeField(default=timezone.now)
     last_heartbeat = models.DateTimeField(default=timezone.now)
 
