@@ -203,7 +203,13 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("STUDIO_LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # One line per periodic task every few seconds drowns what matters in `make run`.
+        "celery.app.trace": {"level": env_str("STUDIO_TASK_LOG_LEVEL", "WARNING")},
+        "celery.worker.strategy": {"level": env_str("STUDIO_TASK_LOG_LEVEL", "WARNING")},
+        "celery.beat": {"level": env_str("STUDIO_TASK_LOG_LEVEL", "WARNING")},
+    },
 }
 
 # Queue names, overridable so a test session never shares queues with a running studio.
