@@ -132,7 +132,7 @@ def register_upload(*, project: Project, name: str, description: str, user, root
         existing = _same_as_latest(dataset, content_hash=content_hash)
         if existing is None:
             files = [{"path": f.path, "uri": f.uri, "size": f.size, "fingerprint": f.sha256, "sha256": f.sha256} for f in stored]
-            version = _create_version(dataset=dataset, user=user, kind=SourceKind.UPLOAD, source_uri="upload",
+            version = _create_version(dataset=dataset, user=user, kind=str(SourceKind.UPLOAD), source_uri="upload",
                                       root_uri=root_uri, files=files, options=options, content_hash=content_hash)
             return version, True
     discard_upload(root_uri)
@@ -168,7 +168,7 @@ def register_source(*, project: Project, name: str, description: str, user, sour
     fingerprinted: an unchanged source returns the latest version instead of a copy."""
     scheme, _, path = split_uri(source_uri)
     files = list_source(source_uri)
-    kind = SourceKind.S3 if scheme == "s3" else SourceKind.SERVER_PATH
+    kind = str(SourceKind.S3 if scheme == "s3" else SourceKind.SERVER_PATH)
     if kind == SourceKind.SERVER_PATH:
         # Record the resolved path: a symlink swapped later cannot redirect the version.
         source_uri = Path(path).resolve().as_uri()

@@ -49,12 +49,12 @@ def run_validation(version_id: int) -> str | None:
             status=VersionStatus.INVALID, validated_at=timezone.now(),
             errors=[{"file": None, "line": None, "message": f"Validation failed unexpectedly: {type(exc).__name__}: {exc}"}],
         )
-        return VersionStatus.INVALID
+        return str(VersionStatus.INVALID)
 
     by_path = {f["path"]: f for f in report.files}
     merged = [{**f, **{k: v for k, v in by_path.get(f["path"], {}).items() if k in ("sha256", "channel", "records")}}
               for f in version.files]
-    new_status = VersionStatus.READY if report.ok else VersionStatus.INVALID
+    new_status = str(VersionStatus.READY if report.ok else VersionStatus.INVALID)
     with transaction.atomic():
         DatasetVersion.objects.filter(pk=version_id, status=VersionStatus.VALIDATING).update(
             status=new_status,

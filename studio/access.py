@@ -39,6 +39,7 @@ def check_role(user, project: Project, *, write: bool = False, admin: bool = Fal
         raise Forbidden(f"Your role in project '{project.slug}' is {role}; this needs admin.")
     if write and not role_allows(role, write=True):
         raise Forbidden(f"Your role in project '{project.slug}' is {role}; this needs scientist or admin.")
+    assert role is not None  # role_allows(None) is False
     return role
 
 

@@ -94,8 +94,8 @@ def error_envelope_handler(exc: Exception, context: dict[str, Any]) -> Response 
         fields = _flatten(detail)
         body = error_body("invalid", _first_message(fields), fields)
     else:
-        detail = exc.detail if isinstance(exc, exceptions.APIException) else str(exc)
+        message = str(exc.detail) if isinstance(exc, exceptions.APIException) else str(exc)
         code = ERROR_CODES.get(response.status_code, getattr(exc, "default_code", "error"))
-        body = error_body(code, str(detail))
+        body = error_body(code, message)
     response.data = body
     return response

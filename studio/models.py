@@ -60,7 +60,7 @@ class Project(models.Model):
         if not user.is_authenticated:
             return None
         if user.is_superuser:
-            return Role.ADMIN
+            return str(Role.ADMIN)
         membership = self.memberships.filter(user=user).only("role").first()
         return membership.role if membership else None
 

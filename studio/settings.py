@@ -93,7 +93,7 @@ else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": DATA_DIR / "studio.sqlite3",
+            "NAME": str(DATA_DIR / "studio.sqlite3"),
             "OPTIONS": {
                 # WAL lets the web server read while a worker writes; IMMEDIATE avoids
                 # the "database is locked" error when a read transaction upgrades.

@@ -3,6 +3,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from datasets import api as datasets_api
+from jobs import api as jobs_api
 from studio import views_api
 
 api_v1 = [
@@ -15,6 +16,11 @@ api_v1 = [
     path("datasets/<int:pk>/", datasets_api.DatasetDetailView.as_view(), name="api-dataset"),
     path("dataset-versions/", datasets_api.DatasetVersionListView.as_view(), name="api-dataset-versions"),
     path("dataset-versions/<int:pk>/", datasets_api.DatasetVersionDetailView.as_view(), name="api-dataset-version"),
+    path("algorithms/", jobs_api.AlgorithmListView.as_view(), name="api-algorithms"),
+    path("scripts/", jobs_api.ScriptUploadView.as_view(), name="api-scripts"),
+    path("jobs/", jobs_api.JobListView.as_view(), name="api-jobs"),
+    path("jobs/<int:pk>/", jobs_api.JobDetailView.as_view(), name="api-job"),
+    path("jobs/<int:pk>/stop/", jobs_api.JobStopView.as_view(), name="api-job-stop"),
 ]
 
 urlpatterns = [

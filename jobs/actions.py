@@ -1,0 +1,190 @@
+"""Writes for training jobs: submit and stop. Pages and the API call these; each runs in
+one transaction, with scheduling sent on commit."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from datasets.models import DatasetVersion, VersionStatus
+from datasets.storage import StorageError, object_uri, split_uri, store_for
+from jobs.models import JobEvent, JobInput, JobStatus, Node, TrainingJob
+from jobs.transitions import transition
+from studio.models import Project
+
+log = logging.getLogger(__name__)
+
+MODES = ("file", "stream")
+
+
+class JobError(Exception):
+    """Bad input for a job: {field path: message}."""
+
+    def __init__(self, fields: dict[str, str]):
+        super().__init__("; ".join(f"{k}: {v}" for k, v in fields.items()))
+        self.fields = fields
+
+
+@dataclass(frozen=True)
+class ResolvedInput:
+    channel: str
+    version: DatasetVersion
+    mode: str
+
+
+def resolve_inputs(project: Project, raw: dict) -> list[ResolvedInput]:
+    """channel → version id or {"dataset_version": id, "mode": ...}; each version must be
+    ready and belong to the job's project."""
+    errors: dict[str, str] = {}
+    resolved: list[ResolvedInput] = []
+    for channel, spec in raw.items():
+        field = f"inputs.{channel}"
+        if not isinstance(channel, str) or not channel.replace("_", "").replace("-", "").isalnum() or len(channel) > 64:
+            errors[field] = "Channel names use letters, digits, '-' and '_' (e.g. train, validation)."
+            continue
+        if isinstance(spec, dict):
+            version_id, mode = spec.get("dataset_version"), spec.get("mode", "file")
+        else:
+            version_id, mode = spec, "file"
+        if mode not in MODES:
+            errors[field] = f"mode must be 'file' or 'stream', not {mode!r}."
+            continue
+        if isinstance(version_id, bool) or not isinstance(version_id, (int, str)) or not str(version_id).isdigit():
+            errors[field] = "Give a dataset version id, e.g. {\"dataset_version\": 12}."
+            continue
+        version = DatasetVersion.objects.select_related("dataset").filter(pk=int(version_id), dataset__project=project).first()
+        if version is None:
+            errors[field] = f"No dataset version {version_id} in project '{project.slug}'."
+        elif version.status != VersionStatus.READY:
+            errors[field] = f"{version.dataset.name} v{version.version} is {version.status}, not ready" + (
+                "; wait for validation to finish." if version.status == VersionStatus.VALIDATING else "; fix its errors and upload a new version."
+            )
+        else:
+            resolved.append(ResolvedInput(channel, version, mode))
+    if errors:
+        raise JobError(errors)
+    return resolved
+
+
+def check_algorithm(name: str, hyperparameters: dict, channels: set[str]) -> dict:
+    from jobs.algorithms import ALGORITHMS, get_algorithm
+    from jobs.algorithms.base import validate_hyperparameters
+
+    spec = get_algorithm(name)
+    if spec is None:
+        raise JobError({"algorithm": f"Unknown algorithm '{name}'; choose one of: {', '.join(sorted(ALGORITHMS))}."})
+    clean, errors = validate_hyperparameters(spec, hyperparameters)
+    fields = {f"hyperparameters.{k}": v for k, v in errors.items()}
+    missing = [c for c in spec.required_channels if c not in channels]
+    if missing:
+        fields["inputs"] = f"{name} needs the channel{'s' if len(missing) > 1 else ''} {', '.join(missing)}."
+    if fields:
+        raise JobError(fields)
+    return clean
+
+
+def check_script(project: Project, uri: str) -> None:
+    """A script must be one uploaded to this project (POST /api/v1/scripts/)."""
+    prefix = object_uri(f"scripts/{project.slug}/")
+    if not uri.startswith(prefix):
+        raise JobError({"script.uri": "Upload the script with POST /api/v1/scripts/ and use the uri it returns."})
+    try:
+        split_uri(uri)
+        if not store_for(uri).exists(uri):
+            raise JobError({"script.uri": f"{uri} does not exist."})
+    except StorageError as exc:
+        raise JobError({"script.uri": str(exc)}) from exc
+
+
+def check_resources(resources: dict) -> dict:
+    instance_type = resources.get("instance_type") or "cpu"
+    nodes = Node.objects.filter(instance_type=instance_type).exclude(state="stopped")
+    largest = nodes.aggregate(cpus=Max("cpus"), gpus=Max("gpus"))
+    per_node = resources.get("processes_per_node")
+    if per_node is None:
+        # Like SageMaker: one process per GPU on GPU nodes, one process otherwise.
+        per_node = max(1, largest["gpus"] or 0) if (largest["gpus"] or 0) > 0 else 1
+    if largest["cpus"] is not None and per_node > largest["cpus"]:
+        raise JobError({"resources.processes_per_node": (
+            f"{per_node} processes per node is more than the {largest['cpus']} CPUs of the largest "
+            f"'{instance_type}' node; use at most {largest['cpus']}."
+        )})
+    return {**resources, "instance_type": instance_type, "processes_per_node": per_node}
+
+
+def check_checkpoint_uri(uri: str) -> None:
+    if not uri:
+        return
+    try:
+        scheme, _, _ = split_uri(uri)
+        if scheme == "file":
+            store_for(uri)
+    except StorageError as exc:
+        raise JobError({"checkpoint.uri": str(exc)}) from exc
+
+
+def submit_job(*, project: Project, user, data: dict) -> TrainingJob:
+    """1. Resolve and check everything (inputs, algorithm schema or script, resources).
+    2. Create the job (Pending) with its inputs and first timeline entry, in one transaction.
+    3. On commit, ask the scheduler to look at the queue."""
+    inputs = resolve_inputs(project, data.get("inputs") or {})
+    hyperparameters = data.get("hyperparameters") or {}
+    script = data.get("script") or None
+    if data.get("algorithm"):
+        hyperparameters = check_algorithm(data["algorithm"], hyperparameters, {i.channel for i in inputs})
+    elif script is not None:
+        check_script(project, script["uri"])
+    resources = check_resources(data.get("resources") or {})
+    checkpoint = data.get("checkpoint") or {}
+    check_checkpoint_uri(checkpoint.get("uri", ""))
+    with transaction.atomic():
+        job = TrainingJob.objects.create(
+            project=project, name=data["name"], algorithm=data.get("algorithm") or "",
+            script_uri=script["uri"] if script else "", entry_point=(script or {}).get("entry_point") or "",
+            hyperparameters=hyperparameters, resources=resources, distribution=data.get("distribution") or "none",
+            stopping={k: v for k, v in (data.get("stopping") or {}).items() if v is not None},
+            checkpoint={k: v for k, v in checkpoint.items() if v not in (None, "")},
+            keep_alive_seconds=data.get("keep_alive_seconds") or 0, retries=data.get("retries") or 0,
+            metric_definitions=list(data.get("metric_definitions") or []), environment=data.get("environment") or {},
+            tags=data.get("tags") or [], created_by=user,
+        )
+        job.output_uri = object_uri(f"jobs/{job.pk}")
+        job.save(update_fields=["output_uri"])
+        JobInput.objects.bulk_create([JobInput(job=job, channel=i.channel, dataset_version=i.version, mode=i.mode) for i in inputs])
+        JobEvent.objects.create(job=job, status=JobStatus.PENDING, message="Submitted")
+        transaction.on_commit(_schedule_soon)
+    return job
+
+
+def _schedule_soon() -> None:
+    from jobs.tasks import schedule_jobs_task
+
+    try:
+        schedule_jobs_task.delay()
+    except Exception:  # noqa: BLE001 - the periodic tick schedules it anyway
+        log.warning("could not send a scheduling tick; the periodic one will pick the job up", exc_info=True)
+
+
+class NotStoppable(Exception):
+    pass
+
+
+def stop_job(job: TrainingJob) -> TrainingJob:
+    """A pending job stops at once; a starting or training one is asked to stop (Stopping)
+    and its node agent ends it (SIGTERM, grace, SIGKILL) and records Stopped."""
+    if transition(job.pk, JobStatus.STOPPED, from_statuses=[JobStatus.PENDING], message="Stopped before it started",
+                  stop_reason="StopRequested"):
+        job.refresh_from_db()
+        return job
+    if not transition(job.pk, JobStatus.STOPPING, from_statuses=[JobStatus.STARTING, JobStatus.TRAINING],
+                      message="Stop requested", stop_requested_at=timezone.now(), stop_reason="StopRequested"):
+        job.refresh_from_db()
+        if job.status == JobStatus.STOPPING:
+            return job  # asked twice: the first request is still being carried out
+        raise NotStoppable(f"The job is {job.status}; only Pending, Starting or Training jobs can be stopped.")
+    job.refresh_from_db()
+    return job

@@ -1,0 +1,132 @@
+"""Training job endpoints: submit, list, read, stop; algorithms; script uploads."""
+
+from __future__ import annotations
+
+from django.db.models import Prefetch
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.parsers import FormParser, MultiPartParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from jobs import actions
+from jobs.access import get_job_for_user
+from jobs.actions import JobError, NotStoppable
+from jobs.models import JobEvent, JobInput, TrainingJob
+from jobs.scripts import ScriptError, store_script
+from jobs.serializers import JobCreateSerializer, JobSerializer, JobSummarySerializer
+from studio.access import check_role, get_project_for_user
+from studio.api import ApiError, PaginatedAPIView, paginate
+from studio.models import Project
+
+
+def _project_for_write(user, slug: str) -> Project:
+    project = Project.objects.filter(slug=slug).first()
+    if project is None or project.role_of(user) not in ("admin", "scientist", "viewer"):
+        raise ApiError(f"No project '{slug}'.", code="not_found", fields={"project": ["No such project."]})
+    check_role(user, project, write=True)
+    return project
+
+
+def job_detail_queryset():
+    return TrainingJob.objects.select_related("project", "created_by").prefetch_related(
+        Prefetch("inputs", queryset=JobInput.objects.select_related("dataset_version__dataset")),
+        Prefetch("events", queryset=JobEvent.objects.order_by("at", "pk")),
+    )
+
+
+class JobListView(PaginatedAPIView):
+    @extend_schema(
+        parameters=[OpenApiParameter(name, str) for name in ("project", "status", "algorithm", "tag", "search")]
+        + [OpenApiParameter("dataset", int, description="Jobs that read any version of this dataset")],
+        responses=JobSummarySerializer(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        jobs = TrainingJob.objects.filter(project__in=Project.objects.readable_by(request.user)).select_related("project")
+        params = request.query_params
+        if slug := params.get("project"):
+            jobs = jobs.filter(project=get_project_for_user(request.user, slug))
+        if wanted := params.get("status"):
+            jobs = jobs.filter(status__in=wanted.split(","))
+        if algorithm := params.get("algorithm"):
+            jobs = jobs.filter(algorithm=algorithm)
+        if dataset := params.get("dataset"):
+            if not dataset.isdigit():
+                raise ApiError("dataset must be a dataset id.", fields={"dataset": ["Not an integer."]})
+            jobs = jobs.filter(inputs__dataset_version__dataset_id=int(dataset)).distinct()
+        if tag := params.get("tag"):
+            jobs = jobs.filter(tags__contains=[tag]) if _json_contains_supported() else jobs.filter(tags__icontains=f'"{tag}"')
+        if search := params.get("search"):
+            jobs = jobs.filter(name__icontains=search)
+        return paginate(self, request, jobs.order_by("-created_at"), lambda page: JobSummarySerializer(page, many=True).data)
+
+    @extend_schema(request=JobCreateSerializer, responses={201: JobSerializer})
+    def post(self, request: Request) -> Response:
+        serializer = JobCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        project = _project_for_write(request.user, serializer.validated_data["project"])
+        try:
+            job = actions.submit_job(project=project, user=request.user, data=serializer.validated_data)
+        except JobError as exc:
+            first = next(iter(exc.fields.items()))
+            raise ApiError(f"{first[0]}: {first[1]}", fields={k: [v] for k, v in exc.fields.items()}) from exc
+        return Response(JobSerializer(job_detail_queryset().get(pk=job.pk)).data, status=status.HTTP_201_CREATED)
+
+
+def _json_contains_supported() -> bool:
+    from django.db import connection
+
+    return connection.vendor == "postgresql"
+
+
+class JobDetailView(APIView):
+    @extend_schema(responses=JobSerializer)
+    def get(self, request: Request, pk: int) -> Response:
+        get_job_for_user(request.user, pk)
+        return Response(JobSerializer(job_detail_queryset().get(pk=pk)).data)
+
+
+class JobStopView(APIView):
+    @extend_schema(request=None, responses={202: JobSerializer})
+    def post(self, request: Request, pk: int) -> Response:
+        job = get_job_for_user(request.user, pk, write=True)
+        try:
+            actions.stop_job(job)
+        except NotStoppable as exc:
+            raise ApiError(str(exc), code="conflict", status_code=409) from exc
+        return Response(JobSerializer(job_detail_queryset().get(pk=pk)).data, status=status.HTTP_202_ACCEPTED)
+
+
+class AlgorithmListView(APIView):
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request) -> Response:
+        from jobs.algorithms import ALGORITHMS
+
+        results = [spec.as_json() for _, spec in sorted(ALGORITHMS.items())]
+        return Response({"count": len(results), "next": None, "previous": None, "results": results})
+
+
+class ScriptUploadView(APIView):
+    parser_classes = [MultiPartParser, FormParser]
+
+    @extend_schema(
+        request={"multipart/form-data": {"type": "object", "properties": {"project": {"type": "string"},
+                                                                        "file": {"type": "string", "format": "binary"}}}},
+        responses={201: OpenApiTypes.OBJECT},
+    )
+    def post(self, request: Request) -> Response:
+        slug = request.data.get("project") or ""
+        if not slug:
+            raise ApiError("project: This field is required.", fields={"project": ["This field is required."]})
+        project = _project_for_write(request.user, slug)
+        upload = request.FILES.get("file")
+        if upload is None:
+            raise ApiError("file: send the script as a multipart part named 'file'.", fields={"file": ["No file was sent."]})
+        try:
+            stored = store_script(project.slug, upload.name, upload.read())
+        except ScriptError as exc:
+            raise ApiError(f"file: {exc}", fields={"file": [str(exc)]}) from exc
+        return Response({"uri": stored.uri, "entry_point": stored.entry_point, "size": stored.size, "sha256": stored.sha256,
+                         "files": stored.files}, status=status.HTTP_201_CREATED)

@@ -1,0 +1,155 @@
+"""Validation of job submissions at the edge: one clear message per bad field, with the
+nested path (`hyperparameters.epochs`, `inputs.train`) so forms and clients can point at it."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+from rest_framework import serializers
+
+from jobs.models import Distribution, JobStatus, TrainingJob
+
+RESERVED_ENV_PREFIXES = ("SM_", "TRAINYARD_")
+RESERVED_ENV_NAMES = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                                "GROUP_RANK", "ROLE_RANK", "PYTHONPATH"})
+MAX_RUNTIME_LIMIT = 14 * 24 * 3600
+AVAILABLE_DISTRIBUTIONS = (Distribution.NONE, Distribution.DDP)
+
+
+class ScriptSerializer(serializers.Serializer):
+    uri = serializers.CharField(max_length=1024)
+    entry_point = serializers.CharField(max_length=255, required=False, allow_blank=True, default="")
+
+
+class ResourcesSerializer(serializers.Serializer):
+    instance_type = serializers.RegexField(r"^[a-z0-9][a-z0-9_-]{0,31}$", required=False, default="cpu",
+                                           error_messages={"invalid": "Use a node queue name such as 'cpu' or 'gpu'."})
+    instance_count = serializers.IntegerField(min_value=1, max_value=256, required=False, default=1)
+    processes_per_node = serializers.IntegerField(min_value=1, max_value=256, required=False, default=None, allow_null=True)
+    memory_limit_mb = serializers.IntegerField(min_value=64, required=False, allow_null=True, default=None)
+
+
+class StoppingSerializer(serializers.Serializer):
+    max_runtime_seconds = serializers.IntegerField(min_value=1, max_value=MAX_RUNTIME_LIMIT, required=False, allow_null=True)
+
+
+class CheckpointSerializer(serializers.Serializer):
+    uri = serializers.CharField(max_length=1024, required=False, allow_blank=True, default="")
+    every_steps = serializers.IntegerField(min_value=0, required=False, default=0)
+
+
+class MetricDefinitionSerializer(serializers.Serializer):
+    name = serializers.RegexField(r"^[A-Za-z_][A-Za-z0-9_./:-]{0,199}$",
+                                  error_messages={"invalid": "Metric names start with a letter and use letters, digits, _ . / : -"})
+    regex = serializers.CharField(max_length=1000)
+
+    def validate_regex(self, value: str) -> str:
+        try:
+            compiled = re.compile(value)
+        except re.error as exc:
+            raise serializers.ValidationError(f"Not a valid regular expression: {exc}") from exc
+        if compiled.groups < 1:
+            raise serializers.ValidationError("Needs a capture group for the value, e.g. loss=([0-9.eE+-]+)")
+        return value
+
+
+def _clean_name(value: str) -> str:
+    value = value.strip()
+    if not value:
+        raise serializers.ValidationError("This field may not be blank.")
+    if any(unicodedata.category(ch) in ("Cc", "Cf") for ch in value):
+        raise serializers.ValidationError("Names cannot contain control characters.")
+    return value
+
+
+class JobCreateSerializer(serializers.Serializer):
+    project = serializers.CharField(max_length=63)
+    name = serializers.CharField(max_length=200)
+    algorithm = serializers.CharField(max_length=64, required=False, allow_blank=True, default="")
+    script = ScriptSerializer(required=False, allow_null=True, default=None)
+    hyperparameters = serializers.DictField(required=False, default=dict)
+    # channel → {"dataset_version": id, "mode": "file"|"stream"} or channel → id
+    inputs = serializers.DictField(required=False, default=dict)
+    resources = ResourcesSerializer(required=False, default=dict)
+    distribution = serializers.ChoiceField(choices=Distribution.choices, required=False, default=Distribution.NONE)
+    stopping = StoppingSerializer(required=False, default=dict)
+    checkpoint = CheckpointSerializer(required=False, allow_null=True, default=None)
+    keep_alive_seconds = serializers.IntegerField(min_value=0, max_value=3600, required=False, default=0)
+    retries = serializers.IntegerField(min_value=0, max_value=10, required=False, default=0)
+    metric_definitions = MetricDefinitionSerializer(many=True, required=False, default=list)
+    environment = serializers.DictField(child=serializers.CharField(allow_blank=True, max_length=10_000), required=False, default=dict)
+    tags = serializers.ListField(child=serializers.CharField(max_length=100), required=False, default=list, max_length=50)
+
+    def validate_name(self, value: str) -> str:
+        return _clean_name(value)
+
+    def validate_distribution(self, value: str) -> str:
+        if value not in AVAILABLE_DISTRIBUTIONS:
+            raise serializers.ValidationError(
+                f"'{value}' is not available in this build yet; use 'none' or 'ddp' (multi-process data parallel)."
+            )
+        return value
+
+    def validate_environment(self, value: dict) -> dict:
+        for name in value:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+                raise serializers.ValidationError(f"'{name}' is not a valid environment variable name.")
+            if name.startswith(RESERVED_ENV_PREFIXES) or name in RESERVED_ENV_NAMES:
+                raise serializers.ValidationError(f"'{name}' is set by Trainyard for every job and cannot be overridden.")
+        return value
+
+    def validate_hyperparameters(self, value: dict) -> dict:
+        for name, item in value.items():
+            if not isinstance(item, (str, int, float, bool)) or item is None:
+                raise serializers.ValidationError({name: "Hyperparameters are strings, numbers or booleans."})
+        return value
+
+    def validate(self, attrs: dict) -> dict:
+        has_algorithm = bool(attrs.get("algorithm"))
+        has_script = bool(attrs.get("script"))
+        if has_algorithm == has_script:
+            raise serializers.ValidationError({"algorithm": "Give either an algorithm (a built-in) or a script, not both or neither."})
+        return attrs
+
+
+class JobSerializer(serializers.ModelSerializer):
+    project = serializers.CharField(source="project.slug")
+    inputs = serializers.SerializerMethodField()
+    timeline = serializers.SerializerMethodField()
+    script = serializers.SerializerMethodField()
+    created_by = serializers.CharField(source="created_by.username", default=None)
+
+    class Meta:
+        model = TrainingJob
+        fields = [
+            "id", "project", "name", "status", "failure_reason", "stop_reason", "waiting_reason", "algorithm", "script",
+            "hyperparameters", "inputs", "resources", "distribution", "stopping", "checkpoint", "keep_alive_seconds",
+            "retries", "metric_definitions", "environment", "tags", "attempt", "output_uri", "model_uri", "final_metrics",
+            "created_by", "created_at", "started_at", "training_started_at", "finished_at", "timeline",
+        ]
+
+    def get_inputs(self, job: TrainingJob) -> dict:
+        return {
+            i.channel: {"dataset_version": i.dataset_version_id, "dataset": i.dataset_version.dataset.name,
+                        "version": i.dataset_version.version, "mode": i.mode}
+            for i in job.inputs.all()
+        }
+
+    def get_timeline(self, job: TrainingJob) -> list[dict]:
+        return [{"status": e.status, "at": e.at, "message": e.message, "attempt": e.attempt} for e in job.events.all()]
+
+    def get_script(self, job: TrainingJob) -> dict | None:
+        return {"uri": job.script_uri, "entry_point": job.entry_point} if job.script_uri else None
+
+
+class JobSummarySerializer(serializers.ModelSerializer):
+    project = serializers.CharField(source="project.slug")
+
+    class Meta:
+        model = TrainingJob
+        fields = ["id", "project", "name", "status", "algorithm", "tags", "attempt", "final_metrics", "failure_reason",
+                  "created_at", "started_at", "finished_at"]
+
+
+STOPPABLE = (JobStatus.PENDING, JobStatus.STARTING, JobStatus.TRAINING)

@@ -1,0 +1,194 @@
+"""Submitting jobs through the API: every bad input is a field error, nothing is created."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from datasets.actions import VersionOptions, register_local_files
+from datasets.validation_run import run_validation
+from jobs.models import JobStatus, Node, TrainingJob
+
+
+@pytest.fixture
+def ready_version(project, owner, tmp_path):
+    path = tmp_path / "train.csv"
+    path.write_text("a,b,label\n" + "".join(f"{i},{i % 7},{'xy'[i % 2]}\n" for i in range(60)))
+    version, _ = register_local_files(project=project, name="tiny", description="", user=owner, files={"train.csv": path},
+                                      options=VersionOptions())
+    assert run_validation(version.pk) == "ready"
+    return version
+
+
+@pytest.fixture
+def validating_version(project, owner, tmp_path):
+    path = tmp_path / "other.csv"
+    path.write_text("a,label\n1,x\n")
+    version, _ = register_local_files(project=project, name="pending", description="", user=owner, files={"train.csv": path},
+                                      options=VersionOptions())
+    return version
+
+
+def job_body(version_id: int, **overrides) -> dict:
+    return {"project": "acme", "name": "first", "algorithm": "tabular-classifier",
+            "hyperparameters": {"epochs": 2}, "inputs": {"train": {"dataset_version": version_id}}, **overrides}
+
+
+def submit(client, body):
+    return client.post("/api/v1/jobs/", body, format="json")
+
+
+def test_submit_creates_a_pending_job_with_timeline(owner, client_for, ready_version, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks() as callbacks:
+        response = submit(client_for(owner), job_body(ready_version.pk, tags=["baseline"]))
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["status"] == "Pending"
+    assert body["hyperparameters"]["epochs"] == 2
+    assert body["hyperparameters"]["learning_rate"] is not None  # defaults filled from the schema
+    assert body["inputs"]["train"]["dataset_version"] == ready_version.pk
+    assert body["timeline"][0]["status"] == "Pending"
+    assert body["output_uri"].endswith(f"/jobs/{body['id']}")
+    assert len(callbacks) == 1  # a scheduling tick is sent on commit
+    detail = client_for(owner).get(f"/api/v1/jobs/{body['id']}/").json()
+    assert detail["attempt"] == 0 and detail["failure_reason"] == "" and detail["model_uri"] == ""
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "text"),
+    [
+        ({"algorithm": "no-such-algo"}, "algorithm", "Unknown algorithm 'no-such-algo'"),
+        ({"hyperparameters": {"epochs": "many"}}, "hyperparameters.epochs", "integer"),
+        ({"hyperparameters": {"learning_rate": 50}}, "hyperparameters.learning_rate", "≤"),
+        ({"hyperparameters": {"made_up": 1}}, "hyperparameters.made_up", ""),
+        ({"inputs": {}}, "inputs", "train"),
+        ({"inputs": {"train": {"dataset_version": 999999}}}, "inputs.train", "No dataset version 999999"),
+        ({"inputs": {"train": {"dataset_version": 1, "mode": "teleport"}}}, "inputs.train", "mode"),
+        ({"resources": {"processes_per_node": 64}}, "resources.processes_per_node", "more than the 2 CPUs"),
+        ({"distribution": "pipeline"}, "distribution", "not available"),
+        ({"stopping": {"max_runtime_seconds": 0}}, "stopping", ""),
+        ({"metric_definitions": [{"name": "loss", "regex": "loss=("}]}, "metric_definitions", "regular expression"),
+        ({"metric_definitions": [{"name": "loss", "regex": "loss=[0-9.]+"}]}, "metric_definitions", "capture group"),
+        ({"environment": {"SM_MODEL_DIR": "/tmp"}}, "environment", "cannot be overridden"),
+        ({"name": "   "}, "name", "blank"),
+        ({"algorithm": "", "script": None}, "algorithm", "either an algorithm"),
+        ({"keep_alive_seconds": 7200}, "keep_alive_seconds", "3600"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_bad_submissions_are_field_errors(owner, client_for, ready_version, overrides, field, text):
+    Node.objects.create(name="n1", hostname="h", queue="node.n1", cpus=2)
+    response = submit(client_for(owner), job_body(ready_version.pk, **overrides))
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert any(key == field or key.startswith(field + ".") or key.startswith(field) for key in error["fields"]), error
+    assert text in str(error), error
+    assert not TrainingJob.objects.exists()
+
+
+def test_version_that_is_not_ready_is_refused(owner, client_for, validating_version):
+    response = submit(client_for(owner), job_body(validating_version.pk))
+    assert response.status_code == 400
+    assert "validating, not ready" in response.json()["error"]["fields"]["inputs.train"][0]
+
+
+def test_version_of_another_project_is_not_found(owner, outsider, client_for, other_project, tmp_path):
+    path = tmp_path / "x.csv"
+    path.write_text("a,label\n1,x\n2,y\n")
+    theirs, _ = register_local_files(project=other_project, name="theirs", description="", user=outsider,
+                                     files={"train.csv": path}, options=VersionOptions())
+    run_validation(theirs.pk)
+    response = submit(client_for(owner), job_body(theirs.pk))
+    assert response.status_code == 400
+    assert "No dataset version" in response.json()["error"]["message"]
+
+
+def test_viewer_cannot_submit_and_outsider_cannot_see(owner, viewer, outsider, client_for, ready_version):
+    assert submit(client_for(viewer), job_body(ready_version.pk)).status_code == 403
+    job_id = submit(client_for(owner), job_body(ready_version.pk)).json()["id"]
+    assert client_for(outsider).get(f"/api/v1/jobs/{job_id}/").status_code == 404
+    assert client_for(outsider).post(f"/api/v1/jobs/{job_id}/stop/").status_code == 404
+    assert client_for(viewer).post(f"/api/v1/jobs/{job_id}/stop/").status_code == 403
+    assert client_for(viewer).get(f"/api/v1/jobs/{job_id}/").status_code == 200
+
+
+def test_stopping_a_pending_job_stops_it_at_once(owner, client_for, ready_version):
+    client = client_for(owner)
+    job_id = submit(client, job_body(ready_version.pk)).json()["id"]
+    response = client.post(f"/api/v1/jobs/{job_id}/stop/")
+    assert response.status_code == 202
+    assert response.json()["status"] == "Stopped"
+    assert [e["status"] for e in response.json()["timeline"]] == ["Pending", "Stopped"]
+    again = client.post(f"/api/v1/jobs/{job_id}/stop/")
+    assert again.status_code == 409
+
+
+def test_stopping_a_training_job_asks_its_agent(owner, client_for, ready_version):
+    client = client_for(owner)
+    job_id = submit(client, job_body(ready_version.pk)).json()["id"]
+    TrainingJob.objects.filter(pk=job_id).update(status=JobStatus.TRAINING)
+    assert client.post(f"/api/v1/jobs/{job_id}/stop/").json()["status"] == "Stopping"
+    assert client.post(f"/api/v1/jobs/{job_id}/stop/").status_code == 202  # asking twice is harmless
+
+
+def test_list_filters(owner, client_for, ready_version):
+    client = client_for(owner)
+    submit(client, job_body(ready_version.pk, name="alpha", tags=["a"]))
+    submit(client, job_body(ready_version.pk, name="beta", tags=["b"]))
+    names = lambda q: sorted(j["name"] for j in client.get(f"/api/v1/jobs/?{q}").json()["results"])  # noqa: E731
+    assert names("project=acme") == ["alpha", "beta"]
+    assert names("tag=a") == ["alpha"]
+    assert names("search=bet") == ["beta"]
+    assert names("status=Pending") == ["alpha", "beta"]
+    assert names("algorithm=image-classifier") == []
+    assert names(f"dataset={ready_version.dataset_id}") == ["alpha", "beta"]
+
+
+def test_algorithms_endpoint_lists_schemas(owner, client_for):
+    body = client_for(owner).get("/api/v1/algorithms/").json()
+    names = {a["name"] for a in body["results"]}
+    assert {"tabular-classifier", "image-classifier", "text-classifier", "char-lm"} <= names
+    tabular = next(a for a in body["results"] if a["name"] == "tabular-classifier")
+    assert any(h["name"] == "epochs" and h["type"] == "integer" for h in tabular["hyperparameters"])
+
+
+# --- scripts ----------------------------------------------------------------------------------
+def upload_script(client, name: str, content: bytes):
+    return client.post("/api/v1/scripts/", {"project": "acme", "file": SimpleUploadedFile(name, content)}, format="multipart")
+
+
+def test_script_upload_and_submit(owner, client_for, ready_version):
+    client = client_for(owner)
+    response = upload_script(client, "train.py", b"print('loss=0.5')\n")
+    assert response.status_code == 201, response.content
+    script = response.json()
+    assert script["entry_point"] == "train.py"
+    body = {"project": "acme", "name": "scripted", "script": {"uri": script["uri"], "entry_point": "train.py"},
+            "inputs": {"train": ready_version.pk}, "metric_definitions": [{"name": "loss", "regex": r"loss=([0-9.]+)"}]}
+    created = submit(client, body)
+    assert created.status_code == 201, created.content
+    assert created.json()["script"]["uri"] == script["uri"]
+
+
+def test_bad_scripts_are_refused(owner, client_for):
+    client = client_for(owner)
+    assert "line 1" in upload_script(client, "bad.py", b"def (:\n").json()["error"]["message"]
+    assert "empty" in upload_script(client, "empty.py", b"").json()["error"]["message"]
+    assert ".py file or a .tar.gz" in upload_script(client, "notes.txt", b"hi").json()["error"]["message"]
+    evil = io.BytesIO()
+    with tarfile.open(fileobj=evil, mode="w:gz") as archive:
+        info = tarfile.TarInfo("../../etc/cron.d/x")
+        info.size = 1
+        archive.addfile(info, io.BytesIO(b"x"))
+    assert "outside its folder" in upload_script(client, "src.tar.gz", evil.getvalue()).json()["error"]["message"]
+
+
+def test_script_uri_from_elsewhere_is_refused(owner, client_for, ready_version):
+    body = {"project": "acme", "name": "x", "script": {"uri": "file:///etc/passwd", "entry_point": "x.py"},
+            "inputs": {"train": ready_version.pk}}
+    response = submit(client_for(owner), body)
+    assert response.status_code == 400
+    assert "script.uri" in response.json()["error"]["fields"]
