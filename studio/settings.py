@@ -170,6 +170,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "JobStatusEnum": "jobs.models.JobStatus",
+        "VersionStatusEnum": "datasets.models.VersionStatus",
+        "NodeStateEnum": "jobs.models.NodeState",
+    },
 }
 
 # --- i18n, static ---------------------------------------------------------------------
