@@ -70,13 +70,19 @@ def resolve_inputs(project: Project, raw: dict) -> list[ResolvedInput]:
     return resolved
 
 
-def check_algorithm(name: str, hyperparameters: dict, channels: set[str]) -> dict:
+def check_algorithm(name: str, hyperparameters: dict, inputs: list[ResolvedInput]) -> dict:
     from jobs.algorithms import ALGORITHMS, get_algorithm
     from jobs.algorithms.base import validate_hyperparameters
 
     spec = get_algorithm(name)
     if spec is None:
         raise JobError({"algorithm": f"Unknown algorithm '{name}'; choose one of: {', '.join(sorted(ALGORITHMS))}."})
+    channels = {i.channel for i in inputs}
+    train = next((i.version for i in inputs if i.channel == "train"), None)
+    inferred_label = (train.schema or {}).get("label_column") if train is not None else None
+    if inferred_label and spec.hyperparameter("label_column") is not None and not hyperparameters.get("label_column"):
+        # The label the dataset's validation found is what the user means unless they say otherwise.
+        hyperparameters = {**hyperparameters, "label_column": inferred_label}
     clean, errors = validate_hyperparameters(spec, hyperparameters)
     fields = {f"hyperparameters.{k}": v for k, v in errors.items()}
     missing = [c for c in spec.required_channels if c not in channels]
@@ -135,7 +141,7 @@ def submit_job(*, project: Project, user, data: dict) -> TrainingJob:
     hyperparameters = data.get("hyperparameters") or {}
     script = data.get("script") or None
     if data.get("algorithm"):
-        hyperparameters = check_algorithm(data["algorithm"], hyperparameters, {i.channel for i in inputs})
+        hyperparameters = check_algorithm(data["algorithm"], hyperparameters, inputs)
     elif script is not None:
         check_script(project, script["uri"])
     resources = check_resources(data.get("resources") or {})

@@ -49,6 +49,7 @@ def test_submit_creates_a_pending_job_with_timeline(owner, client_for, ready_ver
     assert body["status"] == "Pending"
     assert body["hyperparameters"]["epochs"] == 2
     assert body["hyperparameters"]["learning_rate"] is not None  # defaults filled from the schema
+    assert body["hyperparameters"]["label_column"] == "label"  # the label validation found
     assert body["inputs"]["train"]["dataset_version"] == ready_version.pk
     assert body["timeline"][0]["status"] == "Pending"
     assert body["output_uri"].endswith(f"/jobs/{body['id']}")
