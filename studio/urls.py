@@ -21,6 +21,7 @@ api_v1 = [
     path("jobs/", jobs_api.JobListView.as_view(), name="api-jobs"),
     path("jobs/<int:pk>/", jobs_api.JobDetailView.as_view(), name="api-job"),
     path("jobs/<int:pk>/stop/", jobs_api.JobStopView.as_view(), name="api-job-stop"),
+    path("", include("jobs.metrics_urls")),
 ]
 
 urlpatterns = [
