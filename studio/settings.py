@@ -86,21 +86,26 @@ TEMPLATES = [
 ]
 
 # --- database -------------------------------------------------------------------------
+# Several processes write SQLite at once (web, control worker, nodes): WAL lets readers
+# go on while one writes, and IMMEDIATE transactions take the write lock up front instead
+# of failing with "database is locked" when a read transaction tries to upgrade.
+SQLITE_OPTIONS = {
+    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    "transaction_mode": "IMMEDIATE",
+    "timeout": 20,
+}
 DATABASE_URL = env_str("DATABASE_URL")
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)}
+    if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+        DATABASES["default"]["CONN_MAX_AGE"] = 0
+        DATABASES["default"]["OPTIONS"] = {**SQLITE_OPTIONS, **DATABASES["default"].get("OPTIONS", {})}
 else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": str(DATA_DIR / "studio.sqlite3"),
-            "OPTIONS": {
-                # WAL lets the web server read while a worker writes; IMMEDIATE avoids
-                # the "database is locked" error when a read transaction upgrades.
-                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-                "transaction_mode": "IMMEDIATE",
-                "timeout": 20,
-            },
+            "OPTIONS": SQLITE_OPTIONS,
             # Worker subprocesses in tests must see the test database, so it is a file; one
             # per test run, so two runs on one machine never share it.
             "TEST": {"NAME": str(Path(tempfile.gettempdir()) / f"trainyard-test-{os.getpid()}.sqlite3")},
