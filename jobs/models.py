@@ -131,7 +131,9 @@ class MetricPoint(models.Model):
     """One point of a metric series. Unique on (job, name, step, rank): a re-sent point
     replaces the stored one, so redelivery and resumed runs never duplicate."""
 
-    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="metric_points")
+    # No separate index on job: the unique (job, name, step, rank) index serves lookups by job,
+    # and a second index would cost one more write per point on the ingest hot path.
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="metric_points", db_index=False)
     name = models.CharField(max_length=200)
     step = models.BigIntegerField()
     rank = models.IntegerField(default=0)

@@ -211,7 +211,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='metricpoint',
             name='job',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='metric_points', to='jobs.trainingjob'),
+            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='metric_points', to='jobs.trainingjob'),
         ),
         migrations.AddField(
             model_name='systemmetric',

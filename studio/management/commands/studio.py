@@ -4,6 +4,7 @@
               control worker (what `make run` calls)
     worker    one node worker (run one per machine, or several per machine with --name)
     control   the control worker with the beat scheduler
+    flusher   write metric points from Redis to the database (long-running)
     demo      load the demo datasets into project `demo`
     adduser   create or update a user with a role in a project
     token     print a new API token for a user (only the token, for scripts)
@@ -41,10 +42,10 @@ STOP_GRACE_SECONDS = 15
 
 
 class Command(BaseCommand):
-    help = "Run Trainyard (up, worker, control) and manage it (demo, adduser, token)."
+    help = "Run Trainyard (up, worker, control, flusher) and manage it (demo, adduser, token)."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        sub = parser.add_subparsers(dest="subcommand", required=True, metavar="{up,worker,control,demo,adduser,token}")
+        sub = parser.add_subparsers(dest="subcommand", required=True, metavar="{up,worker,control,flusher,demo,adduser,token}")
 
         up = sub.add_parser("up", help="Start the whole studio on this machine; Ctrl-C stops it.")
         up.add_argument("--host", default="127.0.0.1", help="Address the web server binds (default 127.0.0.1).")
@@ -58,6 +59,9 @@ class Command(BaseCommand):
 
         control = sub.add_parser("control", help="Run the control worker with the beat scheduler.")
         control.add_argument("--loglevel", default="INFO")
+
+        flusher = sub.add_parser("flusher", help="Write metric points and system samples from Redis to the database.")
+        flusher.add_argument("--block-ms", type=int, default=500, help="Longest wait for new points per read (default 500).")
 
         demo = sub.add_parser("demo", help="Load the demo datasets (idempotent).")
         demo.add_argument("--project", default=DEMO_PROJECT, help="Project slug (default demo; created if missing).")
@@ -82,6 +86,8 @@ class Command(BaseCommand):
             self.worker(queue=options["queue"], name=options["name"] or socket.gethostname(), loglevel=options["loglevel"])
         elif subcommand == "control":
             self.control(loglevel=options["loglevel"])
+        elif subcommand == "flusher":
+            self.flusher(block_ms=options["block_ms"])
         elif subcommand == "demo":
             self.demo(project_slug=options["project"])
         elif subcommand == "adduser":
@@ -94,7 +100,7 @@ class Command(BaseCommand):
     def up(self, *, host: str, port: int, nodes: int) -> int:
         """1. Refuse early if the port is taken (before minutes of start-up are wasted).
         2. Migrate, make sure a demo admin exists, start Redis, load the demo data.
-        3. Start web, nodes and control; wait for /api/v1/health; print the banner.
+        3. Start web, nodes, control and the metrics flusher; wait for /api/v1/health; print the banner.
         4. On Ctrl-C or SIGTERM stop everything; if a child dies, say which and stop."""
         from studio.embedded_redis import EmbeddedRedis
 
@@ -266,6 +272,18 @@ class Command(BaseCommand):
         app.start(["worker", "-Q", settings.STUDIO_CONTROL_QUEUE, "-c", "2", "-B", "-s", str(schedule),
                    "-n", "control@%h", "-l", loglevel, "--without-gossip", "--without-mingle"])
 
+    def flusher(self, *, block_ms: int) -> None:
+        """Until SIGTERM or Ctrl-C: read the jobs' metric streams, write them in batches.
+        The signal only sets a flag; the loop drains what is waiting, then returns."""
+        from jobs.metrics.ingest import install_stop_handlers, run_flusher
+
+        stop = threading.Event()
+        install_stop_handlers(stop)
+        self.stderr.write("flusher: started")
+        flusher = run_flusher(stop, block_ms=block_ms)
+        self.stderr.write(f"flusher: stopped ({flusher.written:,} points and samples written, "
+                          f"{flusher.dropped:,} dropped for deleted jobs)")
+
     # --- administration ------------------------------------------------------------------
     def demo(self, *, project_slug: str) -> None:
         """Load the demo datasets. Registration enqueues a validation task on commit, so a
@@ -341,6 +359,7 @@ def _child_specs(*, host: str, port: int, nodes: int, env: dict[str, str]) -> li
         argv = [sys.executable, manage, "studio", "worker", "--queue", "cpu", "--name", f"node-{index}"]
         specs.append(ChildSpec(name=f"node-{index}", argv=argv, env=env, cwd=cwd))
     specs.append(ChildSpec(name="control", argv=[sys.executable, manage, "studio", "control"], env=env, cwd=cwd))
+    specs.append(ChildSpec(name="flusher", argv=[sys.executable, manage, "studio", "flusher"], env=env, cwd=cwd))
     return specs
 
 
