@@ -1,6 +1,6 @@
 """Every page route (the API lives in studio/urls.py under /api/)."""
 
-from django.urls import path
+from django.urls import include, path
 
 from datasets import views as dataset_views
 from studio import views, views_tokens
@@ -16,7 +16,7 @@ urlpatterns = [
     path("datasets/versions/<int:pk>/status/", dataset_views.version_status, name="dataset-version-status"),
     path("datasets/versions/<int:pk>/delete/", dataset_views.version_delete, name="dataset-version-delete"),
     path("datasets/versions/<int:pk>/files/<path:path>", dataset_views.version_file, name="dataset-file"),
-    path("jobs/", views.job_list, name="job-list"),
+    path("jobs/", include("jobs.page_urls")),
     path("tuning/", views.tuning, name="tuning"),
     path("models/", views.models, name="models"),
     path("review/", views.review_inbox, name="review-inbox"),

@@ -164,12 +164,6 @@ def overview(request: HttpRequest) -> HttpResponse:
 
 # --- sections -----------------------------------------------------------------------------
 @page
-def job_list(request: HttpRequest) -> HttpResponse:
-    jobs = TrainingJob.objects.filter(project__in=readable_projects(request)).select_related("project", "created_by")
-    return render(request, "studio/jobs.html", {"jobs": list(jobs.order_by("-created_at")[:500])})
-
-
-@page
 def tuning(request: HttpRequest) -> HttpResponse:
     return render(request, "studio/tuning.html")
 

@@ -1,0 +1,80 @@
+"""The job form's fixed fields. Like the dataset upload form, it only renders: the browser
+sends the values as JSON to POST /api/v1/jobs/ (static/js/job_form.js) and the API's
+serializer and jobs.actions validate them, so page and API never disagree. The fields
+that depend on the algorithm (hyperparameters, channels) are generated in the browser
+from the algorithm's schema."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+
+from jobs.models import TrainingJob
+from jobs.serializers import AVAILABLE_DISTRIBUTIONS, MAX_RUNTIME_LIMIT
+from studio.models import Project
+
+MONO = {"class": "mono", "spellcheck": "false", "autocomplete": "off"}
+ENV_PLACEHOLDER = "TOKENIZERS_PARALLELISM=false\nMY_FLAG=1"
+DISTRIBUTION_LABELS = {"none": "none (one process)", "ddp": "ddp (data parallel)"}
+
+
+class JobForm(forms.Form):
+    project = forms.ChoiceField(help_text="Projects where you are a scientist or an admin.")
+    name = forms.CharField(max_length=200, help_text="Need not be unique; the job's number identifies it.",
+                           widget=forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"}))
+    algorithm = forms.ChoiceField(required=False)
+    entry_point = forms.CharField(required=False, max_length=255, help_text="The .py file to run, inside the upload.",
+                                  widget=forms.TextInput(attrs={**MONO, "placeholder": "train.py"}))
+    instance_type = forms.ChoiceField(label="Instance type", help_text="The node queue the job runs on.")
+    instance_count = forms.IntegerField(label="Nodes", min_value=1, max_value=256, initial=1)
+    processes_per_node = forms.IntegerField(label="Processes per node", min_value=1, max_value=256, required=False,
+                                            help_text="Empty: one per GPU, or one on CPU nodes.")
+    distribution = forms.ChoiceField(choices=[(str(d), DISTRIBUTION_LABELS.get(str(d), str(d))) for d in AVAILABLE_DISTRIBUTIONS])
+    max_runtime_seconds = forms.IntegerField(label="Max runtime (seconds)", min_value=1, max_value=MAX_RUNTIME_LIMIT,
+                                             required=False, help_text="Stopped with MaxRuntimeExceeded after this long.",
+                                             widget=forms.NumberInput(attrs={"placeholder": "no limit"}))
+    checkpoint_every_steps = forms.IntegerField(label="Checkpoint every (steps)", min_value=0, required=False,
+                                                help_text="0 or empty: no periodic checkpoints.")
+    checkpoint_uri = forms.CharField(label="Checkpoint URI", required=False, max_length=1024,
+                                     help_text="Reuse a URI to resume from its newest checkpoint.",
+                                     widget=forms.TextInput(attrs={**MONO, "placeholder": "s3://bucket/checkpoints/run-1/"}))
+    tags = forms.CharField(required=False, help_text="Comma-separated, e.g. baseline, small.",
+                           widget=forms.TextInput(attrs={"autocomplete": "off", "placeholder": "baseline, small"}))
+    environment = forms.CharField(required=False, help_text="One KEY=value per line; SM_* and torch variables are set for you.",
+                                  widget=forms.Textarea(attrs={**MONO, "rows": 3, "placeholder": ENV_PLACEHOLDER}))
+    retries = forms.IntegerField(min_value=0, max_value=10, initial=0, help_text="Relaunches after a node is lost.")
+    keep_alive_seconds = forms.IntegerField(label="Keep warm (seconds)", min_value=0, max_value=3600, initial=0,
+                                            help_text="Keep the node's process warm for the next job.")
+
+    def __init__(self, *args: Any, projects: list[Project], algorithms: dict, instance_types: list[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["project"].choices = [(p.slug, f"{p.name} ({p.slug})" if p.name != p.slug else p.slug) for p in projects]
+        # In the registry's order (the simplest first), not alphabetical.
+        self.fields["algorithm"].choices = [(name, f"{spec.title} ({name})") for name, spec in algorithms.items()]
+        wanted = self.initial.get("instance_type")
+        types = list(instance_types) + ([wanted] if wanted and wanted not in instance_types else [])
+        self.fields["instance_type"].choices = [(t, t) for t in types]
+
+
+def clone_initial(job: TrainingJob, writable_slugs: list[str]) -> dict[str, Any]:
+    """The fixed fields of a clone. The project stays the same when the user may write
+    there; otherwise the first project they can write to (inputs then need picking again)."""
+    checkpoint = job.checkpoint or {}
+    return {
+        "project": job.project.slug if job.project.slug in writable_slugs else writable_slugs[0],
+        "name": f"{job.name}-clone"[:200],
+        "algorithm": job.algorithm,
+        "entry_point": job.entry_point,
+        "instance_type": job.instance_type,
+        "instance_count": job.instance_count,
+        "processes_per_node": (job.resources or {}).get("processes_per_node"),
+        "distribution": job.distribution,
+        "max_runtime_seconds": job.max_runtime_seconds,
+        "checkpoint_every_steps": checkpoint.get("every_steps") or None,
+        "checkpoint_uri": checkpoint.get("uri", ""),
+        "tags": ", ".join(str(tag) for tag in job.tags or []),
+        "environment": "\n".join(f"{key}={value}" for key, value in sorted((job.environment or {}).items())),
+        "retries": job.retries,
+        "keep_alive_seconds": job.keep_alive_seconds,
+    }

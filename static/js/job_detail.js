@@ -1,0 +1,416 @@
+// The job page, live: one plotly chart per metric series that grows as points arrive, a
+// system chart, a log tail, and the status regions — all fed by the metrics/logs API for
+// history and one EventSource on /api/v1/jobs/<id>/stream for what happens next.
+// Log lines and every other user text go in with textContent, never as HTML.
+(function () {
+  "use strict";
+
+  var source = document.getElementById("job-live");
+  if (!source) return;
+  var live = JSON.parse(source.textContent);
+  var MAX_LOG_LINES = 2000;
+  var MAX_TRACE_POINTS = 20000;  // extendTraces drops the oldest beyond this: the page stays light
+  var HISTORY_POINTS = 1000;
+  var PALETTE = ["#2f4fc7", "#0b7d8c", "#6741c9", "#c2570c", "#23804a", "#bd2b2b", "#56606d", "#9a5a06"];
+  var FINISHED = ["Completed", "Stopped", "Failed"];
+  var styles = getComputedStyle(document.documentElement);
+  var font = styles.getPropertyValue("--font").trim() || "system-ui, sans-serif";
+
+  var charts = {};        // metric name → {div, traces: {rank: index}, last: {rank: step}}
+  var queued = {};        // metric name → {rank: {x: [], y: []}}, drawn on the next tick
+  var historyLoaded = false;
+  var early = [];         // metric events that arrived before the history: applied after it
+  var stream = null;
+
+  function escapeLabel(text) {
+    // plotly reads a few HTML tags in labels; metric and job names are user data.
+    return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+  }
+
+  function getJSON(url) {
+    return fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } }).then(function (response) {
+      if (!response.ok) throw new Error(url + " answered " + response.status);
+      return response.json();
+    });
+  }
+
+  function baseLayout(extra) {
+    var layout = {
+      margin: { l: 52, r: 16, t: 8, b: 36 }, height: 220,
+      font: { family: font, size: 12, color: "#4a5565" },
+      xaxis: { title: { text: "step", standoff: 4 }, gridcolor: "#eef0f3", zeroline: false },
+      yaxis: { gridcolor: "#eef0f3", zeroline: false, automargin: true },
+      showlegend: false, legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom" },
+      paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)", hovermode: "x unified",
+    };
+    Object.keys(extra || {}).forEach(function (key) { layout[key] = extra[key]; });
+    return layout;
+  }
+
+  // --- metric charts -------------------------------------------------------------------------
+  function chartFor(name) {
+    if (charts[name]) return charts[name];
+    var box = document.getElementById("charts");
+    var figure = document.createElement("figure");
+    figure.className = "chart-card";
+    var caption = document.createElement("figcaption");
+    caption.className = "chart-title mono";
+    caption.textContent = name;
+    var div = document.createElement("div");
+    div.className = "chart";
+    div.setAttribute("data-metric", name);
+    figure.appendChild(caption);
+    figure.appendChild(div);
+    // Keep the cards in the order people read them: losses first, then accuracies.
+    var names = Object.keys(charts).concat([name]).sort(metricOrder);
+    var after = names[names.indexOf(name) + 1];
+    box.insertBefore(figure, after && charts[after] ? charts[after].div.parentNode : null);
+    document.getElementById("charts-empty").hidden = true;
+    window.Plotly.newPlot(div, [], baseLayout(), { displayModeBar: false, responsive: true });
+    charts[name] = { div: div, traces: {}, last: {} };
+    return charts[name];
+  }
+
+  function metricOrder(a, b) {
+    function rank(n) { n = n.toLowerCase(); return n.indexOf("loss") !== -1 ? 0 : n.indexOf("acc") !== -1 ? 1 : 2; }
+    return rank(a) - rank(b) || (a < b ? -1 : a > b ? 1 : 0);
+  }
+
+  function traceFor(chart, rank) {
+    if (rank in chart.traces) return chart.traces[rank];
+    var index = Object.keys(chart.traces).length;
+    window.Plotly.addTraces(chart.div, {
+      type: "scattergl", mode: "lines+markers", x: [], y: [], name: "rank " + rank,
+      line: { color: PALETTE[index % PALETTE.length], width: 1.6 }, marker: { size: 5 },
+      hovertemplate: "%{y:.4g}<extra>rank " + rank + "</extra>",
+    });
+    chart.traces[rank] = index;
+    if (index === 1) window.Plotly.relayout(chart.div, { showlegend: true, "margin.t": 28 });
+    return index;
+  }
+
+  // Points are queued and drawn together a few times a second: one redraw per tick, not one
+  // per point. A point at or before the last drawn step of its trace is a repeat (history and
+  // stream overlap on reconnects) and is dropped.
+  function queuePoint(name, rank, step, value) {
+    var chart = chartFor(name);
+    var last = chart.last[rank];
+    if (last !== undefined && step <= last) return;
+    chart.last[rank] = step;
+    var byRank = queued[name] || (queued[name] = {});
+    var batch = byRank[rank] || (byRank[rank] = { x: [], y: [] });
+    batch.x.push(step);
+    batch.y.push(value);
+  }
+
+  function drawQueued() {
+    Object.keys(queued).forEach(function (name) {
+      var chart = charts[name];
+      var byRank = queued[name];
+      var ranks = Object.keys(byRank);
+      var indices = ranks.map(function (rank) { return traceFor(chart, rank); });
+      window.Plotly.extendTraces(chart.div, {
+        x: ranks.map(function (rank) { return byRank[rank].x; }),
+        y: ranks.map(function (rank) { return byRank[rank].y; }),
+      }, indices, MAX_TRACE_POINTS);
+      // Markers show a series' first few points (one point draws no line); then just the line.
+      var dense = indices.filter(function (i) { return chart.div.data[i].mode !== "lines" && chart.div.data[i].x.length > 24; });
+      if (dense.length) window.Plotly.restyle(chart.div, { mode: "lines" }, dense);
+    });
+    queued = {};
+  }
+
+  function seriesList(payload) {
+    // [{name, rank, ...}] under "series" or "results", or a bare list; a series may list "ranks".
+    var items = Array.isArray(payload) ? payload : payload.series || payload.results || [];
+    var out = [];
+    items.forEach(function (item) {
+      var ranks = item.ranks || [item.rank === undefined || item.rank === null ? 0 : item.rank];
+      ranks.forEach(function (rank) { out.push({ name: item.name, rank: rank }); });
+    });
+    return out;
+  }
+
+  function loadHistory() {
+    return getJSON(live.urls.metrics).then(function (payload) {
+      return Promise.all(seriesList(payload).map(function (series) {
+        var url = live.urls.metrics + "?name=" + encodeURIComponent(series.name) + "&rank=" + series.rank + "&points=" + HISTORY_POINTS;
+        return getJSON(url).then(function (body) {
+          (body.points || []).forEach(function (point) { queuePoint(series.name, series.rank, point[0], point[1]); });
+        });
+      }));
+    }).catch(function () { /* the stream still draws new points */ }).then(function () {
+      historyLoaded = true;
+      early.forEach(applyMetricEvent);
+      early = [];
+      drawQueued();
+    });
+  }
+
+  function applyMetricEvent(payload) {
+    var rank = payload.rank || 0;
+    var latest = {};
+    (payload.points || []).forEach(function (p) {
+      queuePoint(p[0], rank, p[1], p[2]);
+      latest[p[0]] = p[2];
+    });
+    if (rank === 0) Object.keys(latest).forEach(function (name) { showLatest(name, latest[name]); });
+  }
+
+  // The side panel's latest values follow rank 0 (as the stored final metrics do).
+  function showLatest(name, value) {
+    var cell = Array.prototype.filter.call(document.querySelectorAll("dd[data-latest]"), function (dd) {
+      return dd.getAttribute("data-latest") === name;
+    })[0];
+    if (cell && typeof value === "number") cell.textContent = Math.abs(value) >= 1e-3 || value === 0 ? String(Number(value.toPrecision(4))) : value.toExponential(3);
+  }
+
+  // --- system chart ----------------------------------------------------------------------------
+  var system = { div: document.getElementById("system-chart"), traces: {}, last: {}, drawn: false };
+
+  function sampleTime(value) {
+    return new Date(typeof value === "number" ? value * 1000 : value);
+  }
+
+  function systemTraces(node) {
+    if (system.traces[node]) return system.traces[node];
+    var base = Object.keys(system.traces).length * 2;
+    var label = Object.keys(system.traces).length || node !== "" ? " · " + escapeLabel(node) : "";
+    window.Plotly.addTraces(system.div, [
+      { type: "scatter", mode: "lines", x: [], y: [], name: "CPU %" + label, line: { color: PALETTE[(base / 2) % 4], width: 1.6 },
+        hovertemplate: "%{y:.0f}%<extra>CPU" + label + "</extra>" },
+      { type: "scatter", mode: "lines", x: [], y: [], name: "memory GiB" + label, yaxis: "y2",
+        line: { color: PALETTE[(base / 2) % 4 + 4], width: 1.4, dash: "dot" }, hovertemplate: "%{y:.2f} GiB<extra>memory" + label + "</extra>" },
+    ]);
+    system.traces[node] = [base, base + 1];
+    return system.traces[node];
+  }
+
+  function addSample(sample) {
+    if (!system.div || !window.Plotly) return;
+    if (!system.drawn) {
+      window.Plotly.newPlot(system.div, [], baseLayout({
+        xaxis: { type: "date", gridcolor: "#eef0f3" }, yaxis: { title: { text: "CPU %" }, rangemode: "tozero", gridcolor: "#eef0f3" },
+        yaxis2: { title: { text: "memory GiB" }, overlaying: "y", side: "right", rangemode: "tozero", showgrid: false,
+                  tickformat: ".1f" },
+        showlegend: true, legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom" },
+        margin: { l: 52, r: 60, t: 28, b: 30 }, hovermode: "x unified",
+      }), { displayModeBar: false, responsive: true });
+      system.drawn = true;
+      document.getElementById("system-empty").hidden = true;
+    }
+    var node = sample.node || "";
+    var when = sampleTime(sample.time);
+    if (system.last[node] !== undefined && when <= system.last[node]) return;  // already drawn
+    system.last[node] = when;
+    var indices = systemTraces(node);
+    var memory = sample.mem === null || sample.mem === undefined ? null : sample.mem / 1073741824;
+    window.Plotly.extendTraces(system.div, { x: [[when], [when]], y: [[sample.cpu], [memory]] }, indices, 5000);
+  }
+
+  // --- logs -------------------------------------------------------------------------------------
+  var log = document.getElementById("log");
+  var logStatus = document.getElementById("log-status");
+  var rankSelect = document.getElementById("log-rank");
+  var download = document.getElementById("log-download");
+
+  function showsRank(rank) {
+    return !rankSelect || rankSelect.value === "" || String(rank) === rankSelect.value;
+  }
+
+  function appendLines(lines) {
+    if (!lines.length) return;
+    var stick = log.scrollHeight - log.scrollTop - log.clientHeight < 24;
+    var fragment = document.createDocumentFragment();
+    lines.forEach(function (entry) {
+      var row = document.createElement("div");
+      row.className = "log-line" + (entry.stream === "err" ? " log-line--err" : "");
+      row.setAttribute("data-rank", String(entry.rank));
+      if (rankSelect) {  // several ranks: say whose line it is
+        var rank = document.createElement("span");
+        rank.className = "log-rank";
+        rank.textContent = "[" + entry.rank + "] ";
+        row.appendChild(rank);
+      }
+      row.appendChild(document.createTextNode(entry.text));
+      fragment.appendChild(row);
+    });
+    log.appendChild(fragment);
+    while (log.childElementCount > MAX_LOG_LINES) log.removeChild(log.firstElementChild);
+    logStatus.hidden = true;
+    if (stick) log.scrollTop = log.scrollHeight;
+  }
+
+  // History first, then live lines: lines that arrive while the history loads wait, and a
+  // line the history already holds (same rank, time and text) is not shown twice.
+  var logsLoaded = false;
+  var earlyLines = [];
+  var seenLines = {};
+
+  function lineKey(line) { return line.rank + "|" + line.time + "|" + line.text; }
+
+  function logQuery() {
+    // One rank: its file in the object store (complete). All ranks: the live stream's recent lines.
+    var rank = rankSelect ? rankSelect.value : "0";
+    return "?tail=" + MAX_LOG_LINES + "&rank=" + (rank === "" ? "all" : rank);
+  }
+
+  function loadLogs() {
+    logsLoaded = false;
+    return getJSON(live.urls.logs + logQuery()).then(function (body) {
+      if (!(body.lines || []).length && rankSelect && rankSelect.value === "") {
+        return getJSON(live.urls.logs + "?tail=" + MAX_LOG_LINES + "&rank=0");  // the stream expired: rank 0's file
+      }
+      return body;
+    }).then(function (body) {
+      var lines = body.lines || [];
+      seenLines = {};
+      lines.forEach(function (line) { if (line.time !== undefined) seenLines[lineKey(line)] = true; });
+      log.textContent = "";
+      appendLines(lines);
+      if (!lines.length) { logStatus.hidden = false; logStatus.textContent = live.finished ? "This job wrote no output." : "No output yet."; }
+    }).catch(function () {
+      logStatus.hidden = false;
+      logStatus.textContent = "The log history could not be loaded; new lines still appear here.";
+    }).then(function () {
+      logsLoaded = true;
+      appendLines(earlyLines.filter(function (line) { return showsRank(line.rank) && !seenLines[lineKey(line)]; }));
+      earlyLines = [];
+    });
+  }
+
+  function onLogEvent(payload) {
+    var line = { rank: payload.rank, time: payload.time, text: payload.line, stream: payload.stream };
+    if (!logsLoaded) { earlyLines.push(line); return; }
+    if (showsRank(line.rank) && !seenLines[lineKey(line)]) appendLines([line]);
+  }
+
+  if (rankSelect) {
+    rankSelect.addEventListener("change", function () {
+      var base = download.getAttribute("href").split("?")[0];
+      download.setAttribute("href", rankSelect.value === "" ? base : base + "?rank=" + rankSelect.value);
+      loadLogs().then(function () { log.scrollTop = log.scrollHeight; });
+    });
+  }
+
+  // --- status, stop -----------------------------------------------------------------------------
+  var refreshing = null;
+
+  // Re-read the page and swap the regions that depend on the status (header, status area,
+  // side panels): the server renders them the one way it always does.
+  function refreshRegions() {
+    if (refreshing) return refreshing;
+    refreshing = fetch(live.urls.page, { credentials: "same-origin", headers: { Accept: "text/html" } })
+      .then(function (response) { return response.text(); })
+      .then(function (html) {
+        var fresh = new DOMParser().parseFromString(html, "text/html");
+        document.querySelectorAll("[data-live-region]").forEach(function (region) {
+          var replacement = fresh.getElementById(region.id);
+          if (replacement) region.replaceWith(document.adoptNode(replacement));
+        });
+      })
+      .catch(function () { /* the next status event tries again */ })
+      .then(function () { refreshing = null; });
+    return refreshing;
+  }
+
+  function onStatus(payload) {
+    // Every (re)connection starts with the current status: only a change needs a refresh.
+    if (payload.status === live.status && !payload.final) return;
+    live.status = payload.status;
+    var badge = document.querySelector("#job-status .badge");
+    if (badge) badge.textContent = payload.status;  // at once; the refresh brings the colour and the rest
+    refreshRegions();
+    if (FINISHED.indexOf(payload.status) !== -1) {
+      live.finished = true;
+      if (stream) stream.close();
+      document.getElementById("metrics-note").textContent = "";
+    }
+  }
+
+  function csrfToken() {
+    var field = document.querySelector("input[name=csrfmiddlewaretoken]");  // the sign-out form has one
+    if (field) return field.value;
+    var match = document.cookie.match(/(?:^|;\s*)csrftoken=([^;]+)/);
+    return match ? decodeURIComponent(match[1]) : "";
+  }
+
+  function showError(text) {
+    var box = document.getElementById("action-error");
+    if (!box) {
+      box = document.createElement("div");
+      box.id = "action-error";
+      box.className = "message message--error";
+      box.setAttribute("role", "alert");
+      var state = document.getElementById("job-state");
+      state.parentNode.insertBefore(box, state);
+    }
+    box.textContent = text;
+  }
+
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest && event.target.closest("#stop-job");
+    if (!button) return;
+    if (!window.confirm(button.getAttribute("data-confirm-text"))) return;
+    button.disabled = true;
+    button.textContent = "Stopping…";
+    fetch(button.getAttribute("data-stop-url"), {
+      method: "POST", credentials: "same-origin",
+      headers: { "X-CSRFToken": csrfToken(), Accept: "application/json" },
+    }).then(function (response) {
+      return response.json().catch(function () { return {}; }).then(function (body) {
+        if (!response.ok) {
+          showError((body.error && body.error.message) || "The stop request failed (" + response.status + ").");
+        }
+        return refreshRegions();
+      });
+    }, function () {
+      showError("The connection broke off; the job was not asked to stop. Try again.");
+      button.disabled = false;
+      button.textContent = "Stop";
+    });
+  });
+
+  // --- the stream -----------------------------------------------------------------------------------
+  function listen() {
+    if (live.finished || !window.EventSource) return;
+    // EventSource reconnects by itself and sends Last-Event-ID, so a dropped connection
+    // resumes where it left off.
+    // stream_after: where the page's data ends (metric points a few seconds earlier, so
+    // none fall between the history and the stream).
+    stream = new EventSource(live.urls.stream + (live.stream_after ? "?last_event_id=" + encodeURIComponent(live.stream_after) : ""));
+    stream.addEventListener("metric", function (event) {
+      var payload = JSON.parse(event.data);
+      if (historyLoaded) applyMetricEvent(payload); else early.push(payload);
+    });
+    stream.addEventListener("log", function (event) { onLogEvent(JSON.parse(event.data)); });
+    stream.addEventListener("system", function (event) { addSample(JSON.parse(event.data)); });
+    stream.addEventListener("status", function (event) { onStatus(JSON.parse(event.data)); });
+    // EventSource gives up for good on an HTTP error (a proxy refusing streams, say): fall
+    // back to asking for the status every few seconds, so the page never stays stale.
+    stream.addEventListener("error", function () {
+      if (stream.readyState === EventSource.CLOSED && !live.finished) pollStatus();
+    });
+  }
+
+  function pollStatus() {
+    var timer = window.setInterval(function () {
+      getJSON(live.urls.job).then(function (job) {
+        if (job.status !== live.status) onStatus({ status: job.status });
+        if (live.finished) window.clearInterval(timer);
+      }).catch(function () { /* try again on the next tick */ });
+    }, 5000);
+  }
+
+  function start() {
+    if (!window.Plotly) return;
+    (live.system || []).forEach(addSample);
+    listen();
+    loadHistory();
+    loadLogs();
+    window.setInterval(function () { if (historyLoaded) drawQueued(); }, 250);
+  }
+
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
+})();
