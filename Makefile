@@ -31,6 +31,8 @@ lint: venv
 bench: venv
 	$(PY) bench/datasets.py
 	$(PY) bench/serving.py
+	$(PY) bench/metrics.py
+	$(PY) bench/training.py
 
 clean:
 	rm -rf $(VENV) var
