@@ -1,0 +1,49 @@
+"""A built-in algorithm submitted the way users submit it (the API's action), run by a real
+node worker with real torch processes, its metrics flushed to the database."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import pytest
+
+from datasets.actions import VersionOptions, register_local_files
+from datasets.demo import write_tabular
+from datasets.storage import store_for
+from datasets.validation_run import run_validation
+from jobs.actions import submit_job
+from jobs.metrics.ingest import flush_once
+from jobs.models import JobStatus, MetricPoint
+from tests.jobs.conftest import run_to_end, stored_text
+
+pytestmark = pytest.mark.slow
+
+
+def test_tabular_job_on_demo_data_completes_with_model_and_accuracy_over_90(node, project, owner, tmp_path):
+    files = write_tabular(tmp_path)
+    version, _ = register_local_files(project=project, name="demo-tabular", description="", user=owner, files=files,
+                                      options=VersionOptions())
+    assert run_validation(version.pk) == "ready"
+    job = submit_job(project=project, user=owner, data={
+        "name": "demo", "algorithm": "tabular-classifier", "hyperparameters": {},
+        "inputs": {"train": version.pk}, "resources": {"instance_type": "cpu"},
+    })
+    assert job.hyperparameters["label_column"] == "label"
+
+    job = run_to_end(job, timeout=180)
+
+    assert job.status == JobStatus.COMPLETED, job.failure_reason
+    assert [e.status for e in job.events.order_by("at", "pk")][:1] == ["Pending"]
+    assert {"Starting", "Training", "Uploading", "Completed"} <= set(job.events.values_list("status", flat=True))
+    with store_for(job.model_uri).open_read(job.model_uri) as source:
+        names = tarfile.open(fileobj=io.BytesIO(source.read()), mode="r:gz").getnames()
+    assert {"model.safetensors", "config.json", "labels.json"} <= {name.removeprefix("./") for name in names}
+    while flush_once(block_ms=100):
+        pass
+    job.refresh_from_db()
+    accuracy = job.final_metrics["validation_accuracy"]
+    assert accuracy >= 0.90, job.final_metrics
+    stored = MetricPoint.objects.filter(job=job, name="validation_accuracy", rank=0).order_by("-step").first()
+    assert stored is not None and stored.value == pytest.approx(accuracy)
+    assert "validation_accuracy=" in stored_text(f"{job.output_uri}/logs/rank-0.log")
