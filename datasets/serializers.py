@@ -1,21 +1,12 @@
 from __future__ import annotations
 
 import json
-import unicodedata
 
 from rest_framework import serializers
 
 from datasets.models import Dataset, DatasetFormat, DatasetVersion
 from datasets.splits import parse_split
-
-
-def clean_name(value: str) -> str:
-    value = value.strip()
-    if not value:
-        raise serializers.ValidationError("This field may not be blank.")
-    if any(unicodedata.category(ch) in ("Cc", "Cf") for ch in value):
-        raise serializers.ValidationError("Names cannot contain control characters.")
-    return value
+from studio.validators import clean_name
 
 
 class DatasetCreateSerializer(serializers.Serializer):

@@ -4,11 +4,11 @@ nested path (`hyperparameters.epochs`, `inputs.train`) so forms and clients can 
 from __future__ import annotations
 
 import re
-import unicodedata
 
 from rest_framework import serializers
 
 from jobs.models import Distribution, JobStatus, TrainingJob
+from studio.validators import clean_name
 
 RESERVED_ENV_PREFIXES = ("SM_", "TRAINYARD_")
 RESERVED_ENV_NAMES = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
@@ -54,15 +54,6 @@ class MetricDefinitionSerializer(serializers.Serializer):
         return value
 
 
-def _clean_name(value: str) -> str:
-    value = value.strip()
-    if not value:
-        raise serializers.ValidationError("This field may not be blank.")
-    if any(unicodedata.category(ch) in ("Cc", "Cf") for ch in value):
-        raise serializers.ValidationError("Names cannot contain control characters.")
-    return value
-
-
 class JobCreateSerializer(serializers.Serializer):
     project = serializers.CharField(max_length=63)
     name = serializers.CharField(max_length=200)
@@ -82,7 +73,7 @@ class JobCreateSerializer(serializers.Serializer):
     tags = serializers.ListField(child=serializers.CharField(max_length=100), required=False, default=list, max_length=50)
 
     def validate_name(self, value: str) -> str:
-        return _clean_name(value)
+        return clean_name(value)
 
     def validate_distribution(self, value: str) -> str:
         if value not in AVAILABLE_DISTRIBUTIONS:
