@@ -135,7 +135,10 @@ def build_model(architecture: dict[str, Any]) -> nn.Module:
 # --- text ----------------------------------------------------------------------------------
 def read_text(folder: Path, channel: str) -> str:
     from jobs.algorithms.common import data_files
+    from trainyard.data import iter_lines, read_manifest
 
+    if read_manifest(folder) is not None:  # stream mode: records straight from the object store
+        return "".join(iter_lines(folder)).replace("\r\n", "\n")
     parts = []
     for path in data_files(folder, (".txt",), channel):
         try:

@@ -30,6 +30,7 @@ from jobs.algorithms.base import AlgorithmSpec, DataError, validate_hyperparamet
 from trainyard import checkpoints
 from trainyard import flush as flush_metrics
 from trainyard import log_metrics as sdk_log_metrics
+from trainyard.data import iter_lines, read_manifest
 from trainyard.env import TrainingEnvironment
 
 TABLE_EXTENSIONS = (".csv", ".tsv", ".jsonl", ".ndjson")
@@ -216,6 +217,8 @@ class Table:
 
 def read_table(folder: Path, channel: str) -> Table:
     """CSV/TSV (header row) and JSON Lines files of one channel as one list of rows."""
+    if read_manifest(folder) is not None:
+        return _read_streamed_table(folder, channel)
     files = data_files(folder, TABLE_EXTENSIONS, channel)
     name = files[0].relative_to(folder).as_posix()
     columns: list[str] = []
@@ -235,9 +238,27 @@ def read_table(folder: Path, channel: str) -> Table:
     return Table(name=name if len(files) == 1 else f"{name} (and {len(files) - 1} more files)", columns=columns, rows=rows)
 
 
+def _read_streamed_table(folder: Path, channel: str) -> Table:
+    """A `stream`-mode channel: the records come straight from the object store, through
+    the manifest (trainyard.data keeps only this channel's records of a split version)."""
+    manifest = read_manifest(folder) or {}
+    name = f"{channel} (streamed from dataset version {manifest.get('dataset_version')})"
+    text = "".join(iter_lines(folder))
+    if manifest.get("format") == "jsonl":
+        columns, rows = _parse_jsonl(text, name)
+    else:
+        columns, rows = _parse_csv(text, name, manifest.get("delimiter") or ",")
+    if not rows:
+        raise DataError(f"channel {channel!r} has no records ({name})")
+    return Table(name=name, columns=columns, rows=rows)
+
+
 def _read_csv(path: Path, relative: str) -> tuple[list[str], list[dict[str, Any]]]:
     delimiter = "\t" if path.name.lower().endswith(".tsv") else ","
-    text = _read_text(path, relative)
+    return _parse_csv(_read_text(path, relative), relative, delimiter)
+
+
+def _parse_csv(text: str, relative: str, delimiter: str) -> tuple[list[str], list[dict[str, Any]]]:
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
     header = next(reader, None)
     if not header:
@@ -254,9 +275,13 @@ def _read_csv(path: Path, relative: str) -> tuple[list[str], list[dict[str, Any]
 
 
 def _read_jsonl(path: Path, relative: str) -> tuple[list[str], list[dict[str, Any]]]:
+    return _parse_jsonl(_read_text(path, relative), relative)
+
+
+def _parse_jsonl(text: str, relative: str) -> tuple[list[str], list[dict[str, Any]]]:
     columns: dict[str, None] = {}
     rows = []
-    for number, line in enumerate(_read_text(path, relative).split("\n"), start=1):
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:

@@ -85,20 +85,28 @@ def read_images(folder: Path, channel: str, size: int, channels: int) -> tuple[n
     from PIL import Image, UnidentifiedImageError
 
     from jobs.algorithms.common import data_files
+    from trainyard.data import open_files, read_manifest
 
+    if read_manifest(folder) is not None:
+        # stream mode: each image is read from the object store as training starts
+        sources = ((Path(path), lambda stream=stream: io.BytesIO(stream.read()))
+                   for path, stream in open_files(folder) if path.lower().endswith(IMAGE_EXTENSIONS))
+    else:
+        sources = ((path.relative_to(folder), lambda path=path: path) for path in data_files(folder, IMAGE_EXTENSIONS, channel))
     arrays, labels = [], []
-    for path in data_files(folder, IMAGE_EXTENSIONS, channel):
-        relative = path.relative_to(folder)
+    for relative, open_source in sources:
         label = class_of(relative)
         if label is None:
             raise DataError(f"{channel}/{relative.as_posix()} is not inside a class folder: put each image in a folder "
                             "named after its class, like cat/001.png")
         try:
-            with Image.open(path) as image:
+            with Image.open(open_source()) as image:
                 arrays.append(to_array(image, size, channels))
         except (UnidentifiedImageError, OSError) as exc:
             raise DataError(f"{channel}/{relative.as_posix()} is not a readable image: {exc}") from None
         labels.append(label)
+    if not arrays:
+        raise DataError(f"no {', '.join(IMAGE_EXTENSIONS)} files in channel {channel!r}")
     return np.stack(arrays), labels
 
 

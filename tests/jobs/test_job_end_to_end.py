@@ -47,3 +47,33 @@ def test_tabular_job_on_demo_data_completes_with_model_and_accuracy_over_90(node
     stored = MetricPoint.objects.filter(job=job, name="validation_accuracy", rank=0).order_by("-step").first()
     assert stored is not None and stored.value == pytest.approx(accuracy)
     assert "validation_accuracy=" in stored_text(f"{job.output_uri}/logs/rank-0.log")
+
+
+def test_built_in_algorithms_read_stream_mode_channels(node, make_job, make_version):
+    """`stream` mode stages no copy: the algorithms read the records from the object store
+    through the channel's manifest, a split version giving each channel only its records."""
+    rows = "a,b,label\n" + "".join(f"{i % 7},{(i * 3) % 11},{'big' if (i % 7) + (i * 3) % 11 > 8 else 'small'}\n"
+                                   for i in range(200))
+    table = make_version({"table.csv": rows}, split={"train": 0.75, "validation": 0.25, "seed": 5})
+    job = make_job(algorithm="tabular-classifier", inputs={"train": (table, "stream"), "validation": (table, "stream")},
+                   hyperparameters={"epochs": 1, "batch_size": 32})
+    job = run_to_end(job, timeout=120)
+    assert job.status == JobStatus.COMPLETED, job.failure_reason
+    log_text = stored_text(f"{job.output_uri}/logs/rank-0.log")
+    assert f"{table.channel_counts['train']} train rows" in log_text
+
+    from io import BytesIO
+
+    from PIL import Image
+
+    def png(colour: tuple[int, int, int]) -> bytes:
+        out = BytesIO()
+        Image.new("RGB", (8, 8), colour).save(out, format="PNG")
+        return out.getvalue()
+
+    images = make_version({f"{label}/{i}.png": png(colour) for label, colour in (("red", (255, 0, 0)), ("blue", (0, 0, 255)))
+                           for i in range(6)})
+    job = make_job(algorithm="image-classifier", inputs={"train": (images, "stream")},
+                   hyperparameters={"epochs": 1, "image_size": 8})
+    job = run_to_end(job, timeout=120)
+    assert job.status == JobStatus.COMPLETED, job.failure_reason
