@@ -7,10 +7,14 @@
    starts on a free loopback port. MLflow is a bench-only extra: it pins a gunicorn that
    conflicts with ours, so it lives in its own venv (var/bench-mlflow-venv, installed from
    bench/requirements-mlflow.txt on first use; --no-mlflow skips it).
-2. Ingest: points/s through the real path (SDK → Redis stream → Flusher.flush_once → DB)
-   over --points points, beside Django's plain bulk_create of MetricPoint rows.
-3. A 1,000,000-point series downsampled to ≤ 2,000 points from the database, beside
-   fetching the raw series (values_list) and downsampling that.
+2. Ingest: points/s through the real path (SDK → Redis stream → run_flusher → DB:
+   points upserted and their M4 rollups merged in the same transaction) over --points
+   points, beside Django's plain bulk_create of MetricPoint rows.
+3. A 1,000,000-point series (the ingest's "loss") downsampled to ≤ 2,000 points from the
+   database as the API serves it (read_series: from the rollup chunks), beside the raw
+   path — reading every point (packed) and bucketing it exactly, which is what
+   read_series did before rollups — and a plain values_list fetch. It also checks that
+   the series' global minimum and maximum are among the points kept.
 4. Live latency: log_metric → the SSE `metric` event in an HTTP client of gunicorn
    (gthread, as `studio up` runs it), p50/p95, beside polling the history API every
    second (with the flusher running, as a dashboard that refreshes would).
@@ -19,7 +23,8 @@ With DATABASE_URL pointing at PostgreSQL the bench creates its own database on t
 server (trainyard_bench_<pid>) and drops it at the end; without it, a temporary SQLite
 file (the figures then say so). Redis: always an embedded one of its own, so a running
 studio's flusher cannot take the bench's points. Bounded: a few minutes (plus about a
-minute to install MLflow the first time).
+minute to install MLflow the first time). --only runs some parts (downsample implies the
+ingest that writes its series).
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ MLFLOW_ASYNC_CALLS = 1_000
 BULK_CREATE_POINTS = 200_000
 LIVE_SECONDS = 8.0
 LIVE_INTERVAL = 0.01
+PARTS = ("sdk", "ingest", "downsample", "live")
 
 sys.path.insert(0, str(ROOT))
 
@@ -103,7 +109,7 @@ def sdk_cost(job_id: int, redis_url: str) -> dict[str, float]:
 
     logger = MetricsLogger(job_id, redis_url)
     clock = time.perf_counter_ns
-    costs = []
+    costs: list[int] = []
     append = costs.append
     log_metric = logger.log_metric
     started = time.perf_counter()
@@ -114,6 +120,15 @@ def sdk_cost(job_id: int, redis_url: str) -> dict[str, float]:
     issued = time.perf_counter() - started
     assert logger.flush(60), "the SDK could not drain to Redis"
     durable = time.perf_counter() - started
+    # These million points are not the ingest's: left in an active stream, the ingest's
+    # flusher would write them too, in its own time.
+    import redis
+
+    from trainyard.protocol import ACTIVE_METRIC_JOBS, METRICS_STREAM, key
+
+    client = redis.Redis.from_url(redis_url)
+    client.srem(ACTIVE_METRIC_JOBS, job_id)
+    client.delete(key(METRICS_STREAM, job_id))
     costs.sort()
     return {"n": SDK_CALLS, "median_ns": costs[len(costs) // 2], "p99_ns": costs[int(len(costs) * 0.99)],
             "issued_s": issued, "durable_s": durable, "dropped": logger.dropped}
@@ -244,36 +259,40 @@ def bulk_create_baseline(job) -> dict[str, float]:
 
 
 # --- 3. downsampling -------------------------------------------------------------------------
-def downsampling(job) -> dict[str, float]:
+def downsampling(job) -> dict[str, float | int | bool]:
+    """read_series as the API calls it (from the rollups), beside the raw path: reading
+    every point (packed on PostgreSQL) and bucketing it exactly — what read_series did
+    before rollups — and plain values_list."""
+    import numpy as np
     from django.db import connection
 
-    from jobs.metrics.downsample import downsample, fetch_series, read_series
+    from jobs.metrics.downsample import downsample, fetch_chunks, fetch_series, read_series
     from jobs.models import MetricPoint
 
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute("VACUUM ANALYZE jobs_metricpoint")  # what autovacuum does in a live studio
-    runs, fetches, buckets = [], [], []
+            for table in ("jobs_metricpoint", "jobs_metricchunk"):
+                cursor.execute(f"VACUUM ANALYZE {table}")  # what autovacuum does in a live studio
+    runs, raw_runs = [], []
     for _ in range(5):
         started = time.perf_counter()
         series = read_series(job.pk, "loss", 0, 2000)
         runs.append(time.perf_counter() - started)
+    for _ in range(3):
         started = time.perf_counter()
         steps, values = fetch_series(job.pk, "loss", 0)
-        fetches.append(time.perf_counter() - started)
-        started = time.perf_counter()
         downsample(steps, values, 2000)
-        buckets.append(time.perf_counter() - started)
-    raw = []
-    for _ in range(2):
-        started = time.perf_counter()
-        pairs = list(MetricPoint.objects.filter(job=job, name="loss", rank=0).order_by("step").values_list("step", "value"))
-        raw.append(time.perf_counter() - started)
+        raw_runs.append(time.perf_counter() - started)
     started = time.perf_counter()
-    downsample([p[0] for p in pairs], [p[1] for p in pairs], 2000)
-    raw_downsample = time.perf_counter() - started
-    return {"total": series.total, "kept": len(series.steps), "end_to_end": median(runs), "fetch": median(fetches),
-            "bucketing": median(buckets), "raw_fetch": median(raw), "raw_path": median(raw) + raw_downsample}
+    list(MetricPoint.objects.filter(job=job, name="loss", rank=0).order_by("step").values_list("step", "value"))
+    values_list = time.perf_counter() - started
+    # No spike lost: the series' global extremes are among the points kept.
+    kept = dict(zip(series.steps.tolist(), series.values.tolist(), strict=True))
+    extremes = [int(steps[np.argmin(values)]), int(steps[np.argmax(values)])]
+    assert series.total == len(steps), (series.total, len(steps))
+    return {"total": series.total, "kept": len(series.steps), "end_to_end": median(runs), "raw_path": median(raw_runs),
+            "values_list": values_list, "chunks": len(fetch_chunks(job.pk, "loss", 0)),
+            "extremes_kept": all(kept.get(step) == values[steps == step][0] for step in extremes)}
 
 
 # --- 4. live latency -------------------------------------------------------------------------
@@ -368,7 +387,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--points", type=int, default=2_000_000, help="points ingested (default 2,000,000)")
     parser.add_argument("--no-mlflow", action="store_true", help="skip the MLflow baselines")
+    parser.add_argument("--only", default=",".join(PARTS),
+                        help=f"comma-separated parts to run, of {', '.join(PARTS)} (default: all)")
     args = parser.parse_args()
+    parts = set(args.only.split(","))
+    if unknown := parts - set(PARTS):
+        parser.error(f"unknown parts: {', '.join(sorted(unknown))}")
 
     from studio.embedded_redis import EmbeddedRedis
 
@@ -414,43 +438,13 @@ def main() -> int:
               f"load average {load} (other work on the machine slows every figure alike)\n")
         print(f"  {'what':<44} {'Trainyard':<26} {'baseline (same run)':<34} note")
 
-        sdk = sdk_cost(jobs["sdk"].pk, redis_url)
-        row("log_metric per call: median / p99", f"{sdk['median_ns'] / 1000:.2f} / {sdk['p99_ns'] / 1000:.2f} µs", "",
-            f"{sdk['n']:,} calls; all in Redis after {sdk['durable_s']:.2f} s, {sdk['dropped']} dropped (target median ≤ 5 µs)")
-        if args.no_mlflow:
-            row("  MLflow log_metric", "", "skipped (--no-mlflow)")
-        else:
-            for mode, result in mlflow_baselines(workdir).items():
-                if isinstance(result, dict):
-                    ratio = result["median_ns"] / sdk["median_ns"]
-                    row(f"  vs MLflow log_metric ({mode}) median / p99", "",
-                        f"{result['median_ns'] / 1000:,.1f} / {result['p99_ns'] / 1000:,.1f} µs",
-                        f"{result['n']:,} calls, durable after {result['durable_s']:.1f} s; ours is {ratio:,.0f}× cheaper")
-                else:
-                    row(f"  vs MLflow log_metric ({mode})", "", "unavailable", result)
-
-        flow = ingest(jobs["ingest"], redis_url, args.points, pipelined=True)
-        plain = ingest(jobs["sequential"], redis_url, max(2, args.points // 4), pipelined=False)
-        base = bulk_create_baseline(jobs["baseline"])
-        row("ingest: SDK → Redis → run_flusher → DB", f"{flow['rate']:,.0f} points/s", f"bulk_create {base['rate']:,.0f} points/s",
-            f"{flow['points']:,} points in {flow['seconds']:.1f} s, idempotent upsert (target ≥ 100,000/s)")
-        row("  the same, one flush_once after another", f"{plain['rate']:,.0f} points/s", "",
-            f"{plain['points']:,} points in {plain['seconds']:.1f} s (no commit overlap)")
-
-        down = downsampling(jobs["ingest"])
-        row(f"{down['total']:,}-point series → ≤ 2,000 points", f"{down['end_to_end'] * 1000:.0f} ms",
-            f"raw fetch {down['raw_fetch'] * 1000:,.0f} ms (+M4 {down['raw_path'] * 1000:,.0f} ms)",
-            f"fetch {down['fetch'] * 1000:.0f} ms + M4 {down['bucketing'] * 1000:.0f} ms; {down['kept']} kept (target ≤ 200 ms)")
-
-        live = live_latency(jobs["live"], token, redis_url, env, workdir)
-        sse, poll = live["sse"], live["poll"]
-        assert isinstance(sse, list) and isinstance(poll, list)
-        if sse:
-            row("live: log_metric → SSE event p50 / p95", f"{pct(sse, .5) * 1000:.0f} / {pct(sse, .95) * 1000:.0f} ms",
-                f"poll 1 s: {pct(poll, .5) * 1000:.0f} / {pct(poll, .95) * 1000:.0f} ms" if poll else "poll: no points",
-                f"{len(sse):,} of {live['sent']:,} points seen (target p95 ≤ 500 ms)")
-        else:
-            row("live: log_metric → SSE event", "no events received", "", f"see {workdir}/web.log")
+        if "sdk" in parts:
+            log_metric_cost(jobs["sdk"].pk, redis_url, workdir, mlflow=not args.no_mlflow)
+        if "ingest" in parts or "downsample" in parts:
+            ingest_and_downsampling(jobs, redis_url, args.points, downsample="downsample" in parts,
+                                    ingest_baselines="ingest" in parts)
+        if "live" in parts:
+            live_report(jobs["live"], token, redis_url, env, workdir)
         print()
         return 0
     finally:
@@ -458,6 +452,53 @@ def main() -> int:
             drop_database(pg_name)
         redis.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def log_metric_cost(job_id: int, redis_url: str, workdir: Path, *, mlflow: bool) -> None:
+    sdk = sdk_cost(job_id, redis_url)
+    row("log_metric per call: median / p99", f"{sdk['median_ns'] / 1000:.2f} / {sdk['p99_ns'] / 1000:.2f} µs", "",
+        f"{sdk['n']:,} calls; all in Redis after {sdk['durable_s']:.2f} s, {sdk['dropped']} dropped (target median ≤ 5 µs)")
+    if not mlflow:
+        row("  MLflow log_metric", "", "skipped (--no-mlflow)")
+        return
+    for mode, result in mlflow_baselines(workdir).items():
+        if isinstance(result, dict):
+            ratio = result["median_ns"] / sdk["median_ns"]
+            row(f"  vs MLflow log_metric ({mode}) median / p99", "",
+                f"{result['median_ns'] / 1000:,.1f} / {result['p99_ns'] / 1000:,.1f} µs",
+                f"{result['n']:,} calls, durable after {result['durable_s']:.1f} s; ours is {ratio:,.0f}× cheaper")
+        else:
+            row(f"  vs MLflow log_metric ({mode})", "", "unavailable", result)
+
+
+def ingest_and_downsampling(jobs: dict, redis_url: str, points: int, *, downsample: bool, ingest_baselines: bool) -> None:
+    """The downsampled series is the one the ingest wrote: its rollups come from the flusher."""
+    flow = ingest(jobs["ingest"], redis_url, points, pipelined=True)
+    if ingest_baselines:
+        plain = ingest(jobs["sequential"], redis_url, max(2, points // 4), pipelined=False)
+        base = bulk_create_baseline(jobs["baseline"])
+        row("ingest: SDK → Redis → run_flusher → DB", f"{flow['rate']:,.0f} points/s", f"bulk_create {base['rate']:,.0f} points/s",
+            f"{flow['points']:,} points in {flow['seconds']:.1f} s, idempotent upsert + M4 rollups (target ≥ 100,000/s)")
+        row("  the same, one flush_once after another", f"{plain['rate']:,.0f} points/s", "",
+            f"{plain['points']:,} points in {plain['seconds']:.1f} s (no overlap of commit and reads)")
+    if downsample:
+        down = downsampling(jobs["ingest"])
+        row(f"{down['total']:,}-point series → ≤ 2,000 points", f"{down['end_to_end'] * 1000:.0f} ms",
+            f"raw read + M4 {down['raw_path'] * 1000:,.0f} ms (values_list {down['values_list'] * 1000:,.0f} ms)",
+            f"from {down['chunks']:,} rollup chunks, {down['kept']} kept, extremes kept: {down['extremes_kept']} "
+            f"(target ≤ 200 ms)")
+
+
+def live_report(job, token: str, redis_url: str, env: dict[str, str], workdir: Path) -> None:
+    live = live_latency(job, token, redis_url, env, workdir)
+    sse, poll = live["sse"], live["poll"]
+    assert isinstance(sse, list) and isinstance(poll, list)
+    if sse:
+        row("live: log_metric → SSE event p50 / p95", f"{pct(sse, .5) * 1000:.0f} / {pct(sse, .95) * 1000:.0f} ms",
+            f"poll 1 s: {pct(poll, .5) * 1000:.0f} / {pct(poll, .95) * 1000:.0f} ms" if poll else "poll: no points",
+            f"{len(sse):,} of {live['sent']:,} points seen (target p95 ≤ 500 ms)")
+    else:
+        row("live: log_metric → SSE event", "no events received", "", f"see {workdir}/web.log")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ doubled:
   replaces the same rows (unique on job, name, step, rank).
 - a re-sent point (a resumed run logging step 40 again) replaces value and time.
 - points of a job that no longer exists are acked and dropped (logged), so a deleted job
-  cannot wedge the stream.
+  cannot wedge the stream. MetricPoint has no foreign key in the database (it cost a
+  third of the write time): each batch checks its job ids once (lock_existing_jobs), and
+  retiring a deleted job deletes any points that raced its delete (delete_orphans).
 
 The writes themselves are in jobs.metrics.store; on PostgreSQL `run_flusher` overlaps one
 batch's commit with the next batch's statements (WriterPool).
@@ -34,7 +36,7 @@ import redis
 from django.db import IntegrityError, close_old_connections, connection, transaction
 
 from jobs.metrics import metrics_redis, parse_number, stream_items, text
-from jobs.metrics.store import MetricEntry, insert_samples, parse_entries, write_points
+from jobs.metrics.store import MetricEntry, delete_orphans, insert_samples, lock_existing_jobs, parse_entries, write_points
 from jobs.models import FINISHED_STATUSES, SystemMetric, TrainingJob
 from trainyard.protocol import (
     ACTIVE_METRIC_JOBS,
@@ -265,8 +267,8 @@ class Flusher:
         try:
             return self._write(batch, inserted)
         except IntegrityError:
-            # A job deleted between our existence check and the commit (PostgreSQL checks
-            # the foreign key at commit): look again, once.
+            # A job deleted between our existence check and the commit: SystemMetric keeps
+            # its foreign key, which PostgreSQL checks at commit. Look again, once.
             log.info("a job vanished during the write; retrying the batch without it")
             return self._write(batch, inserted)
 
@@ -280,7 +282,7 @@ class Flusher:
                 with connection.cursor() as cursor:
                     cursor.execute("SET LOCAL jit = off")
             wanted = batch.job_ids()
-            known = set(TrainingJob.objects.filter(pk__in=wanted).values_list("pk", flat=True))
+            known = lock_existing_jobs(wanted)
             entries, samples = batch.entries, batch.samples
             if missing := wanted - known:
                 entries = [e for e in entries if e.job_id in known]
@@ -370,6 +372,10 @@ class Flusher:
                     pipe.execute()
                 except redis.WatchError:
                     continue
+            if job_id not in states and (orphans := delete_orphans(job_id)):
+                # Points written by a batch that committed after the job's delete had
+                # removed its points (no foreign key stops that any more).
+                log.info("job %s: deleted %d points left after the job was deleted", job_id, orphans)
             self._grouped.discard(job_id)
             self._running.discard(job_id)
             log.info("job %s: metrics drained; no longer watched", job_id)
@@ -452,13 +458,14 @@ class _Writer(threading.Thread):
 
 
 class WriterPool:
-    """Overlaps the commit of one batch with the statements of the next.
+    """Overlaps the commit of one batch, and the reading of the next from Redis, with the
+    statements of another.
 
-    On PostgreSQL a commit runs the foreign-key checks of every point (about a third of
-    a batch's time) while the flusher's process would wait idle. With two connections,
-    batch N+1 starts as soon as batch N's statements ran; order still holds: N+1 starts
-    after N's INSERT, so a point both contain waits for N's commit and N+1's value wins,
-    and N+1 reads final_metrics after N committed (it waits for the job row's lock)."""
+    With two connections, batch N+1 starts as soon as batch N's statements ran (N's
+    commit waits for its WAL flush meanwhile). Order still holds: N+1 starts after N's
+    statements, so a point both contain waits for N's commit and N+1's value wins, a
+    chunk both touch waits for N's commit (row lock) before N+1 merges or recomputes
+    it, and N+1 reads final_metrics after N committed (it waits for the job row's lock)."""
 
     def __init__(self, flusher: Flusher, writers: int) -> None:
         self.writers = [_Writer(flusher, f"flusher-writer-{i}") for i in range(writers)]

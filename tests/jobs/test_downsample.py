@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 import numpy as np
 import pytest
 
-from jobs.metrics.downsample import downsample, read_series
+from jobs.metrics.downsample import downsample, downsample_chunks, read_series
+from jobs.metrics.rollups import summarize
 from jobs.models import JobStatus, MetricPoint, TrainingJob
 
 
@@ -53,6 +54,35 @@ def test_every_bucket_keeps_its_first_last_min_and_max(max_points):
         assert steps[bucket[0]] in kept and steps[bucket[-1]] in kept
         assert bucket_values.min() in {kept[s] for s in steps[bucket].tolist() if s in kept}
         assert bucket_values.max() in {kept[s] for s in steps[bucket].tolist() if s in kept}
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_a_single_point_spike_survives_a_million_points_drawn_from_chunks(sign):
+    rng = np.random.default_rng(8)
+    steps = np.arange(1_000_000)
+    values = rng.normal(0.0, 0.01, size=steps.size)
+    values[612_345] = sign * 50.0
+    chunks = summarize(steps, values)
+    assert len(chunks) == 1_000_000 // 256 + 1 and int(chunks.count.sum()) == 1_000_000
+    out_steps, out_values = downsample_chunks(chunks, max_points=2000)
+    assert len(out_steps) <= 2000 and np.all(np.diff(out_steps) > 0)
+    assert 612_345 in out_steps.tolist() and sign * 50.0 in out_values.tolist()
+    lookup = dict(zip(steps.tolist(), values.tolist(), strict=True))
+    assert all(lookup[s] == v for s, v in zip(out_steps.tolist(), out_values.tolist(), strict=True)), "real points"
+
+
+def test_chunk_summaries_hold_first_last_and_earliest_extremes():
+    steps = np.array([3, 0, 1, 2, 255, 256, 300, -1])  # any order; -1 is in chunk -1
+    values = np.array([7.0, 1.0, np.nan, 7.0, -2.0, np.nan, np.nan, 4.0])
+    chunks = summarize(steps, values)
+    assert chunks.chunk.tolist() == [-1, 0, 1] and chunks.count.tolist() == [1, 5, 2]
+    assert chunks.first_step.tolist() == [-1, 0, 256] and chunks.last_step.tolist() == [-1, 255, 300]
+    assert chunks.min_step[1] == 255 and chunks.min_value[1] == -2.0
+    assert chunks.max_step[1] == 2 and chunks.max_value[1] == 7.0, "the earlier of two equal maxima"
+    assert np.isnan(chunks.min_value[2]) and np.isnan(chunks.max_value[2]), "all NaN: no extremes"
+    out_steps, out_values = downsample_chunks(chunks, 40)
+    assert out_steps.tolist() == [-1, 0, 2, 255, 256, 300]
+    assert np.isnan(out_values[-1]) and out_values[2] == 7.0
 
 
 def test_kept_points_are_real_points_of_the_series():

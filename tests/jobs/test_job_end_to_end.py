@@ -36,8 +36,9 @@ def test_tabular_job_on_demo_data_completes_with_model_and_accuracy_over_90(node
     assert job.status == JobStatus.COMPLETED, job.failure_reason
     assert [e.status for e in job.events.order_by("at", "pk")][:1] == ["Pending"]
     assert {"Starting", "Training", "Uploading", "Completed"} <= set(job.events.values_list("status", flat=True))
-    with store_for(job.model_uri).open_read(job.model_uri) as source:
-        names = tarfile.open(fileobj=io.BytesIO(source.read()), mode="r:gz").getnames()
+    with store_for(job.model_uri).open_read(job.model_uri) as source, \
+            tarfile.open(fileobj=io.BytesIO(source.read()), mode="r:gz") as archive:
+        names = archive.getnames()
     assert {"model.safetensors", "config.json", "labels.json"} <= {name.removeprefix("./") for name in names}
     while flush_once(block_ms=100):
         pass

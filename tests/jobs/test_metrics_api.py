@@ -3,15 +3,18 @@ and a field error for each bad parameter."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import UTC, datetime
 
 import pytest
+from django.db import transaction
 from django.urls import include, path
 
 from datasets.storage import object_uri, store_for
-from jobs.metrics import metrics_redis
+from jobs.metrics import downsample, metrics_redis, rollups
 from jobs.metrics.logs import log_uri
+from jobs.metrics.store import MetricEntry, write_points
 from jobs.models import JobStatus, MetricPoint, SystemMetric, TrainingJob
 from trainyard.protocol import LOGS_STREAM, key
 
@@ -82,6 +85,25 @@ def test_a_series_is_downsampled_on_request_and_keeps_its_spike(job, owner, clie
 
     missing = client.get(f"/api/v1/jobs/{job.pk}/metrics/", {"name": "nope"}).json()
     assert missing["total"] == 0 and missing["points"] == [], "a chart may ask before the first point"
+
+
+def test_a_long_series_is_served_from_its_rollups(job, owner, client_for, monkeypatch):
+    # Small chunks and threshold stand in for a million points in 256-step chunks.
+    monkeypatch.setattr(rollups, "CHUNK_BITS", 3)
+    monkeypatch.setattr(downsample, "RAW_THRESHOLD", 1000)
+    points = [["loss", step, 1.0 / (1 + step), 1_700_000_000.0] for step in range(6000)]
+    points[4321][2] = -1e6
+    with transaction.atomic():
+        write_points([MetricEntry(job_id=job.pk, rank=0, payload=json.dumps(points).encode())])
+    client = client_for(owner)
+    body = client.get(f"/api/v1/jobs/{job.pk}/metrics/", {"name": "loss", "points": 200}).json()
+    assert body["total"] == 6000 and body["downsampled"] is True and len(body["points"]) <= 200
+    assert [4321, -1e6] in body["points"] and body["points"][0] == [0, 1.0] and body["points"][-1][0] == 5999
+
+    window = client.get(f"/api/v1/jobs/{job.pk}/metrics/", {"name": "loss", "points": 100, "min_step": 1001,
+                                                            "max_step": 4998}).json()
+    assert window["total"] == 3998 and window["points"][0][0] == 1001 and window["points"][-1][0] == 4998
+    assert [4321, -1e6] in window["points"]
 
 
 def test_raw_history_is_cursor_paginated_without_gaps_or_repeats(job, owner, client_for):

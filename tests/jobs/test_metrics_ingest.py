@@ -4,6 +4,7 @@ idempotently. Real Redis and the real database (PostgreSQL when DATABASE_URL is 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import signal
@@ -17,9 +18,10 @@ from django.conf import settings
 from django.db import connection
 
 from jobs.metrics import metrics_redis
-from jobs.metrics.ingest import FLUSHER_GROUP, Flusher, install_stop_handlers, job_keys, run_flusher
-from jobs.models import JobStatus, MetricPoint, SystemMetric, TrainingJob
+from jobs.metrics.ingest import ENTRY_BUDGET, FLUSHER_GROUP, Flusher, install_stop_handlers, job_keys, run_flusher
+from jobs.models import JobStatus, MetricChunk, MetricPoint, SystemMetric, TrainingJob
 from tests.conftest import ROOT, wait_for, worker_env
+from tests.jobs.test_metric_rollups import assert_chunks_match
 from trainyard.metrics import MetricsLogger
 from trainyard.protocol import ACTIVE_METRIC_JOBS, EVENTS_STREAM, LOGS_STREAM, METRICS_STREAM, SYSTEM_STREAM, key
 
@@ -140,7 +142,7 @@ def test_a_restarted_flusher_rereads_its_own_pending_entries(make_job):
     assert series(job) == [(1, 1.0)] and pending(job.pk) == 0
 
 
-def test_points_of_a_deleted_job_are_acked_and_dropped(make_job):
+def test_points_of_a_deleted_job_are_acked_and_dropped(make_job, caplog):
     job = make_job()
     keep = make_job(name="kept")
     send(job.pk, [["loss", step, 1.0, 1_700_000_000.0] for step in range(10)])
@@ -148,10 +150,16 @@ def test_points_of_a_deleted_job_are_acked_and_dropped(make_job):
     job_id = job.pk
     job.delete()
     flusher = Flusher(discover_running=False)
-    drain(flusher)
+    with caplog.at_level(logging.WARNING, logger="jobs.metrics.ingest"):
+        drain(flusher)
     assert flusher.dropped == 10
+    assert f"dropped 10 points/samples of jobs that no longer exist: [{job_id}]" in caplog.text
     assert pending(job_id) == 0, "acked, so the stream is not stuck on them"
+    # No foreign key in the database any more: the flusher's own check kept them out.
+    assert not MetricPoint.objects.filter(job_id=job_id).exists()
+    assert not MetricChunk.objects.filter(job_id=job_id).exists()
     assert series(keep) == [(1, 1.0)], "the rest of the batch is written"
+    assert MetricChunk.objects.filter(job=keep).values_list("count", flat=True).get() == 1
     flusher.retire_finished([job_id])
     assert not metrics_redis().sismember(ACTIVE_METRIC_JOBS, job_id)
 
@@ -232,7 +240,9 @@ def test_sigterm_handler_sets_the_stop_flag_and_the_loop_drains(make_job):
     assert len(series(job)) == 20
 
 
-def test_pipelined_writers_keep_send_order_for_resent_points(transactional_db, project):
+def test_pipelined_writers_keep_send_order_for_resent_points(transactional_db, project, monkeypatch):
+    # Three entries per batch: ~14 batches, each overlapping the next on two connections.
+    monkeypatch.setitem(ENTRY_BUDGET, connection.vendor, 3)
     job = TrainingJob.objects.create(project=project, name="piped", status=JobStatus.TRAINING)
     clear_streams(job.pk)
     try:
@@ -252,6 +262,9 @@ def test_pipelined_writers_keep_send_order_for_resent_points(transactional_db, p
         assert all(stored[entry * 100 - 1] == -float(entry) for entry in range(1, 40))
         job.refresh_from_db()
         assert job.final_metrics == {"loss": 39.0}
+        # Overlapping batches on two connections: merges and recomputes of shared chunks
+        # wait for each other, so the rollups still equal the raw points.
+        assert_chunks_match(job.pk)
     finally:
         clear_streams(job.pk)
 
