@@ -506,6 +506,8 @@ class NodeRun:
         if self.process is None:
             return
         try:
+            if self.guard:
+                self.guard.sample()  # a last look: processes started since the guard's previous sample
             extra = self.guard.live_seen_pids() if self.guard else set()
             guard.end_group(self.process, self.process.pid, grace=grace, extra_pids=extra)
         except Exception:  # noqa: BLE001

@@ -59,14 +59,27 @@ def group_alive(process: subprocess.Popen, pgid: int) -> bool:
     return True
 
 
+def any_alive(pids: set[int]) -> bool:
+    """True while one of the processes runs (a zombie has ended; its parent reaps it)."""
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.Error:
+            continue
+    return False
+
+
 def end_group(process: subprocess.Popen, pgid: int, *, grace: float, extra_pids: set[int] | None = None) -> bool:
     """SIGTERM, wait up to `grace` seconds, then SIGKILL until the group is empty.
-    Returns True if SIGKILL was needed."""
+    Returns True if SIGKILL was needed. torchrun starts each worker in a session of its
+    own, so the job's processes outside the launcher's group (`extra_pids`, seen by the
+    guard) count too: a worker's child that ignores SIGTERM must not outlive the job."""
     extra = extra_pids or set()
     signal_group(pgid, signal.SIGTERM, extra)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
-        if not group_alive(process, pgid):
+        if not group_alive(process, pgid) and not any_alive(extra):
             return False
         time.sleep(0.1)
     kill_group(process, pgid, extra)
@@ -75,10 +88,11 @@ def end_group(process: subprocess.Popen, pgid: int, *, grace: float, extra_pids:
 
 def kill_group(process: subprocess.Popen, pgid: int, extra_pids: set[int] | None = None, timeout: float = 10.0) -> None:
     """SIGKILL, again and again: a fork bomb makes new members while the first kill lands."""
+    extra = extra_pids or set()
     deadline = time.monotonic() + timeout
     while True:
-        signal_group(pgid, signal.SIGKILL, extra_pids or set())
-        if not group_alive(process, pgid) or time.monotonic() > deadline:
+        signal_group(pgid, signal.SIGKILL, extra)
+        if (not group_alive(process, pgid) and not any_alive(extra)) or time.monotonic() > deadline:
             return
         time.sleep(0.05)
 

@@ -76,8 +76,8 @@ def test_a_child_that_ignores_sigterm_is_killed_after_the_grace_period(node, mak
 
     job = wait_status(job, JobStatus.STOPPED, timeout=TEST_STOP_GRACE_SECONDS + 20)
     assert "SIGKILL" in stored_text(f"{job.output_uri}/logs/launcher-node-0.log")
-    wait_for(lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE, timeout=5,
-             message="the SIGTERM-ignoring child to be gone")
+    # Generous: on a loaded 2-core machine the kill lands late, but it must land.
+    wait_for(lambda: process_gone(child.pid), timeout=20, message="the SIGTERM-ignoring child to be gone")
     assert_worker_runs_a_good_job(make_job)
 
 
@@ -113,11 +113,19 @@ def test_a_worker_asked_to_stop_ends_its_job_and_says_why(node, node_worker, mak
 
         assert stop_worker(worker) == 0, worker.log()[-3000:]
 
-        job = wait_status(job, JobStatus.FAILED, timeout=5)
+        job = wait_status(job, JobStatus.FAILED, timeout=20)
         assert job.failure_reason.startswith(f"infrastructure error: node {worker.name} was shut down while the job ran")
-        assert not psutil.pid_exists(int(pid_file.read_text())) or \
-            psutil.Process(int(pid_file.read_text())).status() == psutil.STATUS_ZOMBIE
+        child_pid = int(pid_file.read_text())
+        wait_for(lambda: process_gone(child_pid), timeout=20, message="the job's SIGTERM-ignoring child to be gone")
         assert Node.objects.get(name=worker.name).state == NodeState.STOPPED
     finally:
         stop_worker(worker)
         Node.objects.filter(pk=node.pk).update(state=NodeState.IDLE)
+
+
+def process_gone(pid: int) -> bool:
+    """Ended (a zombie has ended too; its new parent reaps it)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
