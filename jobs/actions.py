@@ -162,8 +162,22 @@ def submit_job(*, project: Project, user, data: dict) -> TrainingJob:
         job.save(update_fields=["output_uri"])
         JobInput.objects.bulk_create([JobInput(job=job, channel=i.channel, dataset_version=i.version, mode=i.mode) for i in inputs])
         JobEvent.objects.create(job=job, status=JobStatus.PENDING, message="Submitted")
+        _clear_live_streams(job.pk)
         transaction.on_commit(_schedule_soon)
     return job
+
+
+def _clear_live_streams(job_id: int) -> None:
+    """A new job has no live events yet. Streams under its id can only be left over from a
+    database that was reset while Redis kept its data; a page would replay them as this
+    job's (e.g. an old "Completed" that closes the live view)."""
+    from studio.redis_conn import redis_client
+    from trainyard.protocol import EVENTS_STREAM, LOGS_STREAM, METRICS_STREAM, SYSTEM_STREAM, key
+
+    try:
+        redis_client().delete(*(key(t, job_id) for t in (EVENTS_STREAM, LOGS_STREAM, METRICS_STREAM, SYSTEM_STREAM)))
+    except Exception:  # noqa: BLE001 - Redis down must not refuse a submission; streams only make pages live
+        log.warning("could not clear live streams of new job %s", job_id, exc_info=True)
 
 
 def _schedule_soon() -> None:

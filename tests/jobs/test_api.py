@@ -193,3 +193,23 @@ def test_script_uri_from_elsewhere_is_refused(owner, client_for, ready_version):
     response = submit(client_for(owner), body)
     assert response.status_code == 400
     assert "script.uri" in response.json()["error"]["fields"]
+
+
+def test_a_new_job_starts_without_stale_live_events(owner, client_for, ready_version):
+    """A reset database reuses job ids while Redis may keep old streams: they must not be
+    replayed as the new job's."""
+    from studio.redis_conn import redis_client
+    from trainyard.protocol import EVENTS_STREAM, key
+
+    first = (TrainingJob.objects.order_by("-pk").values_list("pk", flat=True).first() or 0) + 1
+    candidates = range(first, first + 500)  # a PostgreSQL sequence may have moved past max(id)
+    pipe = redis_client().pipeline()
+    for job_id in candidates:
+        pipe.xadd(key(EVENTS_STREAM, job_id), {"status": "Completed", "at": "2020-01-01T00:00:00Z", "message": "old"})
+    pipe.execute()
+    try:
+        job_id = submit(client_for(owner), job_body(ready_version.pk)).json()["id"]
+        assert job_id in candidates
+        assert redis_client().xlen(key(EVENTS_STREAM, job_id)) == 0
+    finally:
+        redis_client().delete(*(key(EVENTS_STREAM, i) for i in candidates))
