@@ -93,6 +93,42 @@ def check_algorithm(name: str, hyperparameters: dict, inputs: list[ResolvedInput
     return clean
 
 
+def check_distribution(algorithm: str, distribution: str, pipeline: dict, hyperparameters: dict,
+                       resources: dict) -> None:
+    """The algorithm must support the distribution; a pipeline must have one process per
+    stage and, for a built-in, a partition that fits the model's layers."""
+    spec = None
+    if algorithm:
+        from jobs.algorithms import get_algorithm
+
+        spec = get_algorithm(algorithm)
+        if spec is not None and distribution not in spec.distributions:
+            raise JobError({"distribution": (f"{algorithm} does not support distribution '{distribution}'; it supports "
+                                             f"{', '.join(spec.distributions)}.")})
+    if not pipeline:
+        return
+    stages = int(pipeline["stages"])
+    processes = int(resources.get("instance_count") or 1) * int(resources.get("processes_per_node") or 1)
+    if processes != stages:
+        raise JobError({"pipeline.stages": (
+            f"{stages} stages need {stages} processes (one per stage), but the job has instance_count × "
+            f"processes_per_node = {processes}; set resources.processes_per_node so they match.")})
+    batch_size = hyperparameters.get("batch_size")
+    if isinstance(batch_size, int) and batch_size < int(pipeline.get("microbatches") or 1):
+        raise JobError({"pipeline.microbatches": (
+            f"{pipeline['microbatches']} microbatches do not fit a batch of {batch_size}; use at most {batch_size} "
+            "or raise hyperparameters.batch_size.")})
+    if spec is not None and spec.layer_count is not None:
+        layers = spec.layer_count(hyperparameters)
+        if stages > layers:
+            raise JobError({"pipeline.stages": f"The model has {layers} layers: it cannot be cut into {stages} stages."})
+        partition = pipeline.get("partition")
+        if isinstance(partition, list) and sum(partition) != layers:
+            raise JobError({"pipeline.partition": (
+                f"The counts add up to {sum(partition)} but the model has {layers} layers "
+                f"(for {algorithm} with these hyperparameters).")})
+
+
 def check_script(project: Project, uri: str) -> None:
     """A script must be one uploaded to this project (POST /api/v1/scripts/)."""
     prefix = object_uri(f"scripts/{project.slug}/")
@@ -144,14 +180,23 @@ def submit_job(*, project: Project, user, data: dict) -> TrainingJob:
         hyperparameters = check_algorithm(data["algorithm"], hyperparameters, inputs)
     elif script is not None:
         check_script(project, script["uri"])
-    resources = check_resources(data.get("resources") or {})
+    distribution = data.get("distribution") or "none"
+    pipeline = dict(data.get("pipeline") or {})
+    raw_resources = dict(data.get("resources") or {})
+    if pipeline and raw_resources.get("processes_per_node") is None:
+        # One process per stage, spread over the job's nodes.
+        count = int(raw_resources.get("instance_count") or 1)
+        raw_resources["processes_per_node"] = max(1, -(-int(pipeline["stages"]) // count))
+    resources = check_resources(raw_resources)
+    check_distribution(data.get("algorithm") or "", distribution, pipeline, hyperparameters, resources)
     checkpoint = data.get("checkpoint") or {}
     check_checkpoint_uri(checkpoint.get("uri", ""))
     with transaction.atomic():
         job = TrainingJob.objects.create(
             project=project, name=data["name"], algorithm=data.get("algorithm") or "",
             script_uri=script["uri"] if script else "", entry_point=(script or {}).get("entry_point") or "",
-            hyperparameters=hyperparameters, resources=resources, distribution=data.get("distribution") or "none",
+            hyperparameters=hyperparameters, resources=resources, distribution=distribution,
+            pipeline={k: v for k, v in pipeline.items() if v is not None}, priority=data.get("priority") or 0,
             stopping={k: v for k, v in (data.get("stopping") or {}).items() if v is not None},
             checkpoint={k: v for k, v in checkpoint.items() if v not in (None, "")},
             keep_alive_seconds=data.get("keep_alive_seconds") or 0, retries=data.get("retries") or 0,
@@ -159,7 +204,10 @@ def submit_job(*, project: Project, user, data: dict) -> TrainingJob:
             tags=data.get("tags") or [], created_by=user,
         )
         job.output_uri = object_uri(f"jobs/{job.pk}")
-        job.save(update_fields=["output_uri"])
+        if job.retries and not job.checkpoint.get("uri"):
+            # A retry resumes from the last checkpoint: keep them beside the job's outputs.
+            job.checkpoint = {**job.checkpoint, "uri": f"{job.output_uri}/checkpoints"}
+        job.save(update_fields=["output_uri", "checkpoint"])
         JobInput.objects.bulk_create([JobInput(job=job, channel=i.channel, dataset_version=i.version, mode=i.mode) for i in inputs])
         JobEvent.objects.create(job=job, status=JobStatus.PENDING, message="Submitted")
         _clear_live_streams(job.pk)

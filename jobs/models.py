@@ -58,6 +58,10 @@ class TrainingJob(models.Model):
     # {"instance_type": "cpu", "instance_count": 1, "processes_per_node": 1}
     resources = models.JSONField(default=dict, blank=True)
     distribution = models.CharField(max_length=16, choices=Distribution.choices, default=Distribution.NONE)
+    # distribution "pipeline": {"stages", "microbatches", "schedule", "partition"} (jobs.serializers)
+    pipeline = models.JSONField(default=dict, blank=True)
+    # Higher first; FIFO within a priority.
+    priority = models.IntegerField(default=0)
     stopping = models.JSONField(default=dict, blank=True)  # {"max_runtime_seconds": N}
     checkpoint = models.JSONField(default=dict, blank=True)  # {"uri": "...", "every_steps": N}
     keep_alive_seconds = models.PositiveIntegerField(default=0)
@@ -77,6 +81,11 @@ class TrainingJob(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     waiting_reason = models.CharField(max_length=300, blank=True)
+    # What the training processes reported about themselves (TRAINYARD_REPORT_DIR/<name>.json,
+    # read by node 0's agent): e.g. "partition" for a pipeline run, "fsdp" for a sharded one.
+    details = models.JSONField(default=dict, blank=True)
+    # The warm pool the current attempt started in ("" = a cold start).
+    warm_pool = models.CharField(max_length=64, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(default=timezone.now)
 
@@ -87,6 +96,7 @@ class TrainingJob(models.Model):
         indexes = [
             # The scheduler's FIFO scan of pending jobs.
             models.Index(fields=["status", "created_at"], name="job_status_created"),
+            models.Index(fields=["status", "-priority", "created_at"], name="job_status_priority_created"),
         ]
 
     def __str__(self) -> str:
@@ -261,6 +271,14 @@ class Node(models.Model):
     pid = models.PositiveIntegerField(null=True, blank=True)
     state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.IDLE, db_index=True)
     current_job = models.ForeignKey(TrainingJob, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # A warm node (state "warm") is held for the next job that matches its pool: same
+    # project, instance type and instance count. `warm_pool` names the pool (all its nodes
+    # share it), `warm_until` is when it expires and frees the node.
+    warm_pool = models.CharField(max_length=64, blank=True, db_index=True)
+    warm_project = models.ForeignKey(Project, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    warm_instance_count = models.PositiveIntegerField(default=0)
+    warm_until = models.DateTimeField(null=True, blank=True)
+    warm_from_job = models.ForeignKey(TrainingJob, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     started_at = models.DateTimeField(default=timezone.now)
     last_heartbeat = models.DateTimeField(default=timezone.now)
 

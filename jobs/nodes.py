@@ -82,6 +82,13 @@ def register_node(*, name: str, instance_type: str = "cpu", hostname: str | None
             "gpus": resources.gpus,
             "pid": pid if pid is not None else os.getpid(),
             "state": NodeState.IDLE,
+            # A fresh process runs nothing and holds no warm pool.
+            "current_job": None,
+            "warm_pool": "",
+            "warm_until": None,
+            "warm_project": None,
+            "warm_instance_count": 0,
+            "warm_from_job": None,
             "started_at": now,
             "last_heartbeat": now,
         },
@@ -104,15 +111,36 @@ def heartbeat(node_name: str) -> None:
 
 
 def mark_lost_nodes() -> int:
-    """Mark nodes whose last heartbeat is older than STUDIO_NODE_LOST_SECONDS as lost and
-    return how many. One UPDATE whose WHERE repeats the staleness test: a heartbeat that
-    lands first makes the row no longer match, one that lands after revives the node."""
-    cutoff = timezone.now() - timedelta(seconds=settings.STUDIO_NODE_LOST_SECONDS)
-    count = (Node.objects.filter(last_heartbeat__lt=cutoff)
-             .exclude(state__in=[NodeState.LOST, NodeState.STOPPED])
-             .update(state=NodeState.LOST))
+    """Mark nodes whose last heartbeat is older than STUDIO_NODE_LOST_SECONDS as lost, end
+    the attempts they were running (jobs.recovery: retry from the last checkpoint, or
+    fail) and return how many nodes. The UPDATE repeats the staleness test: a heartbeat
+    that lands first makes the row no longer match, one that lands after revives the node."""
+    from jobs.recovery import busy_jobs_of, end_attempt
+
+    lost_after = settings.STUDIO_NODE_LOST_SECONDS
+    cutoff = timezone.now() - timedelta(seconds=lost_after)
+    stale = Node.objects.filter(last_heartbeat__lt=cutoff).exclude(state__in=[NodeState.LOST, NodeState.STOPPED])
+    names = list(stale.values_list("name", flat=True))
+    if not names:
+        return 0
+    count = stale.filter(name__in=names).update(state=NodeState.LOST)
+    lost = list(Node.objects.filter(name__in=names, state=NodeState.LOST).values_list("name", flat=True))
     if count:
-        log.warning("marked %d node(s) lost (no heartbeat for %d s)", count, settings.STUDIO_NODE_LOST_SECONDS)
+        log.warning("marked %d node(s) lost (no heartbeat for %d s): %s", count, lost_after, ", ".join(lost))
+    for job_id, nodes in busy_jobs_of(lost).items():
+        from jobs.models import TrainingJob
+
+        attempt = TrainingJob.objects.filter(pk=job_id).values_list("attempt", flat=True).first()
+        if attempt is None:
+            continue
+        try:
+            end_attempt(job_id, attempt, lost_nodes=nodes,
+                        cause=f"node {', '.join(nodes)} was lost (no heartbeat for {lost_after} s)")
+        except Exception:  # noqa: BLE001 - one job's trouble must not stop the sweep; the next sweep retries
+            log.exception("could not end job %s's attempt on lost node(s) %s", job_id, nodes)
+    # Lost warm nodes leave their pool; the pool's other nodes stay warm until it expires.
+    Node.objects.filter(name__in=lost).exclude(warm_pool="").update(warm_pool="", warm_until=None, warm_project=None,
+                                                                     warm_instance_count=0, warm_from_job=None)
     return count
 
 
@@ -138,6 +166,9 @@ class HeartbeatThread(threading.Thread):
                 try:
                     close_old_connections()
                     heartbeat(self.node_name)
+                    from jobs.runner import warm
+
+                    warm.tidy(self.node_name)
                 except Exception:  # noqa: BLE001 - a missed beat must not end the heartbeats
                     log.exception("heartbeat for node %s failed; retrying in %.0f s", self.node_name, self.interval)
                     connection.close()

@@ -1,8 +1,16 @@
 """The scheduler tick: start pending jobs on idle nodes, gang by gang.
 
-    schedule_jobs()  FIFO over Pending jobs; each gets all `instance_count` nodes of its
-                     instance type at once or none (a job never holds part of a gang, so
-                     two multi-node jobs contending for nodes cannot deadlock)
+    schedule_jobs()  Pending jobs by priority, FIFO within a priority; each gets all
+                     `instance_count` nodes of its instance type at once or none (a job
+                     never holds part of a gang, so two multi-node jobs contending for
+                     nodes cannot deadlock)
+
+Warm pools (SPEC §3 `keep_alive_seconds`): a job that ends with keep_alive_seconds leaves
+its nodes `warm` — reserved for the next job of the same project, instance type and
+instance count, each holding a fork server with torch imported and the staged data cache
+(jobs.runner.warm). A matching job takes the whole pool and starts there, ahead of the
+queue (the pool is held for it); other jobs never see warm nodes; an expired pool frees
+its nodes.
 
 Within an instance type the queue is strict FIFO: a job that could run on the nodes that
 are registered but finds too few idle holds back the jobs behind it (a stream of small
@@ -39,15 +47,17 @@ class Placement:
     waiting_reason: str = ""  # why not, when nodes is empty
     blocks_queue: bool = False  # the job could start on registered nodes: later jobs of its type wait
     impossible: str = ""  # the job can never run here: fail it with this reason
+    warm_pool: str = ""  # the nodes are this warm pool's
 
 
 def schedule_jobs() -> list[int]:
     """1. Expire the leases of jobs whose agents went silent. 2. Walk Pending jobs oldest
     first; start each whose gang fits, one transaction per job. Returns the started ids."""
     expire_stale_leases()
+    expire_warm_pools()
     started: list[int] = []
     blocked_by: dict[str, int] = {}  # instance type → the waiting job that holds its queue
-    pending = list(TrainingJob.objects.filter(status=JobStatus.PENDING).order_by("created_at", "pk")
+    pending = list(TrainingJob.objects.filter(status=JobStatus.PENDING).order_by("-priority", "created_at", "pk")
                    .values_list("pk", flat=True)[:PENDING_SCAN_LIMIT])
     for job_id in pending:
         try:
@@ -75,20 +85,24 @@ def _try_start(job_id: int, blocked_by: dict[str, int]) -> bool:
             (TrainingJob.objects.filter(pk=job.pk, status=JobStatus.PENDING).exclude(waiting_reason=placement.waiting_reason)
              .update(waiting_reason=placement.waiting_reason))
             return False
-        reserved = (Node.objects.filter(pk__in=[n.pk for n in placement.nodes], state=NodeState.IDLE,
-                                        current_job__isnull=True).update(state=NodeState.BUSY, current_job=job))
+        from_state = NodeState.WARM if placement.warm_pool else NodeState.IDLE
+        reserved = (Node.objects.filter(pk__in=[n.pk for n in placement.nodes], state=from_state,
+                                        warm_pool=placement.warm_pool, current_job__isnull=True)
+                    .update(state=NodeState.BUSY, current_job=job))
         if reserved != len(placement.nodes):
             transaction.set_rollback(True)  # a node went away in between: all or nothing
             return False
         attempt = job.attempt + 1
         now = timezone.now()
         names = ", ".join(n.name for n in placement.nodes)
-        if not transition(job.pk, JobStatus.STARTING, from_statuses=[JobStatus.PENDING], message=f"on {names}",
-                          attempt=F("attempt") + 1, started_at=now, waiting_reason="",
+        where = f"warm pool {placement.warm_pool} ({names})" if placement.warm_pool else names
+        if not transition(job.pk, JobStatus.STARTING, from_statuses=[JobStatus.PENDING], message=f"on {where}",
+                          attempt=F("attempt") + 1, started_at=now, waiting_reason="", warm_pool=placement.warm_pool,
                           lease_expires_at=now + timedelta(seconds=START_LEASE_SECONDS)):
             transaction.set_rollback(True)
             return False
-        JobAttempt.objects.bulk_create([JobAttempt(job=job, attempt=attempt, node_rank=rank, node=node, started_at=now)
+        JobAttempt.objects.bulk_create([JobAttempt(job=job, attempt=attempt, node_rank=rank, node=node, started_at=now,
+                                                   warm_start=bool(placement.warm_pool))
                                         for rank, node in enumerate(placement.nodes)])
         dispatch = [(node.queue, rank) for rank, node in enumerate(placement.nodes)]
         transaction.on_commit(lambda: _dispatch(job.pk, attempt, dispatch))
@@ -101,6 +115,9 @@ def place(job: TrainingJob, *, ahead: int | None = None) -> Placement:
     kind = job.instance_type
     per_node = job.processes_per_node
     live = Node.objects.live().filter(instance_type=kind)
+    pool = warm_pool_for(job)
+    if pool:
+        return pool
     registered = list(live.values_list("cpus", "gpus"))
     if registered and all(max(cpus, gpus) < per_node for cpus, gpus in registered):
         largest = max(registered, key=lambda r: max(r))
@@ -112,6 +129,9 @@ def place(job: TrainingJob, *, ahead: int | None = None) -> Placement:
     idle = list(live.filter(fits, state=NodeState.IDLE, current_job__isnull=True).order_by("name")[:wanted])
     nodes_word = "node" if wanted == 1 else "nodes"
     reason = f"waiting for {wanted} {kind} {nodes_word}; {_idle_count(live.filter(fits))} idle, {fitting} registered"
+    warm = live.filter(fits, state=NodeState.WARM).count()
+    if warm:
+        reason += f" ({warm} held warm for other jobs)"
     if wanted > fitting:
         return Placement([], waiting_reason=reason)
     if ahead is not None:
@@ -119,6 +139,35 @@ def place(job: TrainingJob, *, ahead: int | None = None) -> Placement:
     if len(idle) < wanted:
         return Placement([], waiting_reason=reason, blocks_queue=True)
     return Placement(idle)
+
+
+def warm_pool_for(job: TrainingJob) -> Placement | None:
+    """The oldest unexpired warm pool that matches the job (project, instance type,
+    instance count) and whose every node is alive, as a placement; None if there is none."""
+    now = timezone.now()
+    candidates = (Node.objects.live().filter(state=NodeState.WARM, instance_type=job.instance_type,
+                                             warm_project_id=job.project_id, warm_instance_count=job.instance_count,
+                                             warm_until__gt=now, current_job__isnull=True)
+                  .exclude(warm_pool="").order_by("warm_until", "name"))
+    pools: dict[str, list[Node]] = {}
+    for node in candidates:
+        pools.setdefault(node.warm_pool, []).append(node)
+    for name, nodes in pools.items():
+        if len(nodes) == job.instance_count and all(max(n.cpus, n.gpus) >= job.processes_per_node for n in nodes):
+            # Node-rank order as the pool's previous job had it, so node 0 stays node 0.
+            return Placement(sorted(nodes, key=lambda n: n.name), warm_pool=name)
+    return None
+
+
+def expire_warm_pools() -> int:
+    """Pools past their keep-alive free their nodes (the node's agent then closes its fork
+    server, jobs.runner.warm)."""
+    count = (Node.objects.filter(state=NodeState.WARM, warm_until__lt=timezone.now())
+             .update(state=NodeState.IDLE, warm_pool="", warm_until=None, warm_project=None, warm_instance_count=0,
+                     warm_from_job=None))
+    if count:
+        log.info("freed %d node(s) of expired warm pools", count)
+    return count
 
 
 def _idle_count(nodes) -> int:
@@ -136,29 +185,33 @@ def _dispatch(job_id: int, attempt: int, targets: list[tuple[str, int]]) -> None
 
 
 def expire_stale_leases() -> list[int]:
-    """Jobs whose agents stopped renewing their lease (node died, task never arrived) end
-    here instead of looking busy forever: a stopping job as Stopped, others as Failed with
-    an infrastructure reason; their nodes are freed and their attempts closed."""
+    """Jobs whose agents stopped renewing their lease (node died, task never arrived) do
+    not look busy forever: the attempt ends (jobs.recovery) — retried from the last
+    checkpoint within the job's retries, else failed with an infrastructure reason; a
+    stopping job ends Stopped."""
+    from jobs.recovery import end_attempt
+
     now = timezone.now()
-    stale = list(TrainingJob.objects.running().filter(lease_expires_at__lt=now).values_list("pk", "status", "attempt"))
+    stale = list(TrainingJob.objects.running().filter(lease_expires_at__lt=now).values_list("pk", "attempt"))
     ended = []
-    for job_id, status, attempt in stale:
-        nodes = ", ".join(JobAttempt.objects.filter(job_id=job_id, attempt=attempt, finished_at__isnull=True)
-                          .values_list("node__name", flat=True).exclude(node__name=None)) or "its node"
+    for job_id, attempt in stale:
+        silent = list(JobAttempt.objects.filter(job_id=job_id, attempt=attempt, finished_at__isnull=True)
+                      .exclude(node__name=None).values_list("node__name", flat=True))
+        nodes = ", ".join(silent) or "its node"
+        cause = (f"the node agent on {nodes} stopped renewing the job's lease (the node or its worker died, or "
+                 "never received the job)")
+        try:
+            if end_attempt(job_id, attempt, cause=cause):
+                ended.append(job_id)
+        except Exception:  # noqa: BLE001 - the next tick tries again
+            log.exception("could not end job %s's silent attempt", job_id)
+            continue
+        # The silent agents cannot release their nodes; a node that is alive takes work again.
         with transaction.atomic():
-            if status == JobStatus.STOPPING:
-                done = transition(job_id, JobStatus.STOPPED, from_statuses=[JobStatus.STOPPING],
-                                  message=f"stopped; the agent on {nodes} went silent")
-            else:
-                reason = (f"infrastructure error: the node agent on {nodes} stopped renewing the job's lease "
-                          "(the node or its worker died, or never received the job); submit it again")
-                done = transition(job_id, JobStatus.FAILED, from_statuses=[status], failure_reason=reason, message=reason)
-            if not done:
-                continue
-            Node.objects.filter(current_job_id=job_id, state=NodeState.BUSY).update(state=NodeState.IDLE, current_job=None)
+            Node.objects.filter(current_job_id=job_id, state=NodeState.BUSY, name__in=silent).update(
+                state=NodeState.IDLE, current_job=None)
             JobAttempt.objects.filter(job_id=job_id, attempt=attempt, finished_at__isnull=True).update(
                 finished_at=now, outcome="lost")
-        ended.append(job_id)
     if ended:
-        log.warning("ended jobs whose agents stopped renewing their leases: %s", ended)
+        log.warning("ended attempts of jobs whose agents stopped renewing their leases: %s", ended)
     return ended

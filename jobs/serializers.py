@@ -14,7 +14,8 @@ RESERVED_ENV_PREFIXES = ("SM_", "TRAINYARD_")
 RESERVED_ENV_NAMES = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                                 "GROUP_RANK", "ROLE_RANK", "PYTHONPATH"})
 MAX_RUNTIME_LIMIT = 14 * 24 * 3600
-AVAILABLE_DISTRIBUTIONS = (Distribution.NONE, Distribution.DDP)
+AVAILABLE_DISTRIBUTIONS = (Distribution.NONE, Distribution.DDP, Distribution.FSDP, Distribution.PIPELINE)
+PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 
 
 class ScriptSerializer(serializers.Serializer):
@@ -54,6 +55,32 @@ class MetricDefinitionSerializer(serializers.Serializer):
         return value
 
 
+class PipelineSerializer(serializers.Serializer):
+    """`distribution: "pipeline"`: the model's layers cut into `stages` contiguous stages,
+    one per process; each batch split into `microbatches`."""
+
+    stages = serializers.IntegerField(min_value=2, max_value=64)
+    microbatches = serializers.IntegerField(min_value=1, max_value=1024, required=False, default=4)
+    schedule = serializers.ChoiceField(choices=PIPELINE_SCHEDULES, required=False, default="gpipe")
+    partition = serializers.JSONField(required=False, default="auto")
+    memory_cap_mb = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
+
+    def validate_partition(self, value):
+        if value in ("auto", "even"):
+            return value
+        if (isinstance(value, list) and value
+                and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)):
+            return value
+        raise serializers.ValidationError('Use "auto", "even", or a list of layer counts per stage, e.g. [3, 2].')
+
+    def validate(self, attrs: dict) -> dict:
+        partition = attrs.get("partition")
+        if isinstance(partition, list) and len(partition) != attrs["stages"]:
+            raise serializers.ValidationError(
+                {"partition": f"Gives {len(partition)} stage(s) but stages is {attrs['stages']}; give one count per stage."})
+        return attrs
+
+
 class JobCreateSerializer(serializers.Serializer):
     project = serializers.CharField(max_length=63)
     name = serializers.CharField(max_length=200)
@@ -64,6 +91,8 @@ class JobCreateSerializer(serializers.Serializer):
     inputs = serializers.DictField(required=False, default=dict)
     resources = ResourcesSerializer(required=False, default=dict)
     distribution = serializers.ChoiceField(choices=Distribution.choices, required=False, default=Distribution.NONE)
+    pipeline = PipelineSerializer(required=False, allow_null=True, default=None)
+    priority = serializers.IntegerField(min_value=-100, max_value=100, required=False, default=0)
     stopping = StoppingSerializer(required=False, default=dict)
     checkpoint = CheckpointSerializer(required=False, allow_null=True, default=None)
     keep_alive_seconds = serializers.IntegerField(min_value=0, max_value=3600, required=False, default=0)
@@ -101,6 +130,10 @@ class JobCreateSerializer(serializers.Serializer):
         has_script = bool(attrs.get("script"))
         if has_algorithm == has_script:
             raise serializers.ValidationError({"algorithm": "Give either an algorithm (a built-in) or a script, not both or neither."})
+        if attrs.get("distribution") == Distribution.PIPELINE and not attrs.get("pipeline"):
+            raise serializers.ValidationError({"pipeline": 'distribution "pipeline" needs pipeline: {"stages": K, ...}.'})
+        if attrs.get("pipeline") and attrs.get("distribution") != Distribution.PIPELINE:
+            raise serializers.ValidationError({"pipeline": 'pipeline settings apply only with distribution "pipeline".'})
         return attrs
 
 
@@ -115,9 +148,10 @@ class JobSerializer(serializers.ModelSerializer):
         model = TrainingJob
         fields = [
             "id", "project", "name", "status", "failure_reason", "stop_reason", "waiting_reason", "algorithm", "script",
-            "hyperparameters", "inputs", "resources", "distribution", "stopping", "checkpoint", "keep_alive_seconds",
-            "retries", "metric_definitions", "environment", "tags", "attempt", "output_uri", "model_uri", "final_metrics",
-            "created_by", "created_at", "started_at", "training_started_at", "finished_at", "timeline",
+            "hyperparameters", "inputs", "resources", "distribution", "pipeline", "priority", "stopping", "checkpoint",
+            "keep_alive_seconds", "retries", "metric_definitions", "environment", "tags", "attempt", "output_uri",
+            "model_uri", "final_metrics", "created_by", "created_at", "started_at", "training_started_at", "finished_at",
+            "warm_pool", "details", "timeline",
         ]
 
     def get_inputs(self, job: TrainingJob) -> dict:
@@ -139,8 +173,8 @@ class JobSummarySerializer(serializers.ModelSerializer):
 
     class Meta:
         model = TrainingJob
-        fields = ["id", "project", "name", "status", "algorithm", "tags", "attempt", "final_metrics", "failure_reason",
-                  "created_at", "started_at", "finished_at"]
+        fields = ["id", "project", "name", "status", "algorithm", "tags", "attempt", "priority", "final_metrics",
+                  "failure_reason", "warm_pool", "created_at", "started_at", "finished_at"]
 
 
 STOPPABLE = (JobStatus.PENDING, JobStatus.STARTING, JobStatus.TRAINING)

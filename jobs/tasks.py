@@ -10,7 +10,7 @@ from celery.signals import worker_shutting_down
 from jobs.nodes import mark_lost_nodes
 
 
-# Beat sends this every 10 s. `expires` drops sweeps that queued up while no control
+# Beat sends this every 2 s. `expires` drops sweeps that queued up while no control
 # worker was running: one fresh sweep does the work of all of them.
 @shared_task(name="jobs.tasks.mark_lost_nodes_task", ignore_result=True, expires=30)
 def mark_lost_nodes_task() -> int:

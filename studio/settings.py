@@ -129,7 +129,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("STUDIO_BROKER_
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE = {
-    "mark-lost-nodes": {"task": "jobs.tasks.mark_lost_nodes_task", "schedule": 10.0},
+    "mark-lost-nodes": {"task": "jobs.tasks.mark_lost_nodes_task", "schedule": 2.0},
     "schedule-jobs": {"task": "jobs.tasks.schedule_jobs_task", "schedule": 2.0},
     "requeue-stalled-validations": {"task": "datasets.tasks.requeue_stalled_validations_task", "schedule": 60.0},
 }

@@ -27,6 +27,13 @@ ENV_ATTEMPT = "TRAINYARD_ATTEMPT"
 ENV_REDIS_URL = "TRAINYARD_REDIS_URL"
 ENV_CHECKPOINT_EVERY_STEPS = "TRAINYARD_CHECKPOINT_EVERY_STEPS"
 ENV_NODE_NAME = "TRAINYARD_NODE_NAME"
+# The job's `distribution` ("none" | "ddp" | "fsdp" | "pipeline") and, for "pipeline", its
+# settings as JSON ({"stages", "microbatches", "schedule", "partition", "memory_cap_mb"}).
+ENV_DISTRIBUTION = "TRAINYARD_DISTRIBUTION"
+ENV_PIPELINE = "TRAINYARD_PIPELINE"
+# A folder where rank 0 writes <name>.json reports (trainyard.report); the studio shows
+# them on the job's page and in the API (`details`).
+ENV_REPORT_DIR = "TRAINYARD_REPORT_DIR"
 
 
 def key(template: str, job_id: int) -> str:

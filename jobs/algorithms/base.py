@@ -170,6 +170,9 @@ class AlgorithmSpec:
     distributions: tuple[str, ...] = ("none", "ddp")
     # Rules between fields (embedding_dim divisible by heads): clean values → {field: message}.
     check: Callable[[dict[str, Any]], dict[str, str]] | None = field(default=None, repr=False, compare=False)
+    # Pipeline parallel: how many layers (cuttable units) the model has for these clean
+    # hyperparameters, so the API can check a `pipeline.partition` list and `stages`.
+    layer_count: Callable[[dict[str, Any]], int] | None = field(default=None, repr=False, compare=False)
     _by_name: dict[str, Hyperparameter] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

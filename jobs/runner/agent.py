@@ -12,6 +12,7 @@ elsewhere (another node failed) or its own max_runtime_seconds end its processes
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -19,6 +20,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
@@ -135,6 +137,7 @@ class NodeRun:
         self.sampler: guard.SystemSampler | None = None
         self.syncer: PeriodicSync | None = None
         self.exit_code: int | None = None
+        self._reported: dict = {}
 
     # --- the whole run ------------------------------------------------------------------------
     def execute(self) -> str:
@@ -217,6 +220,7 @@ class NodeRun:
             entry_point=entry_point, num_gpus=node.gpus, num_cpus=node.cpus or (os.cpu_count() or 1),
             redis_url=settings.REDIS_URL, checkpoint_every_steps=int((self.job.checkpoint or {}).get("every_steps") or 0),
             environment={str(k): str(v) for k, v in (self.job.environment or {}).items()},
+            distribution=self.job.distribution or "none", pipeline=dict(self.job.pipeline or {}),
         )
         write_config(self.job_dir, facts)
         processes = self.job.resources.get("processes_per_node") or (node.gpus or 1)
@@ -265,12 +269,17 @@ class NodeRun:
         for problem in problems:
             self.capture.note(problem)
         command = build_command(spec)
-        # Its own session: signals for the job never reach the worker, and the worker's
-        # terminal's Ctrl-C never reaches the job directly. die_with_parent_hook: if the
-        # worker is killed, the launcher gets SIGTERM and ends its processes.
-        self.process = subprocess.Popen(command, cwd=self.job_dir.code_dir, env=env, stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                                        preexec_fn=die_with_parent_hook())
+        forked = self._launch_warm(spec, env) if self.job.warm_pool else None
+        if forked is not None:
+            self.process = forked  # type: ignore[assignment] - Popen-like (pid, poll, wait, stdout, stderr)
+            command = ["fork-server", spec.module or spec.script, *spec.args]
+        else:
+            # Its own session: signals for the job never reach the worker, and the worker's
+            # terminal's Ctrl-C never reaches the job directly. die_with_parent_hook: if the
+            # worker is killed, the launcher gets SIGTERM and ends its processes.
+            self.process = subprocess.Popen(command, cwd=self.job_dir.code_dir, env=env, stdin=subprocess.DEVNULL,
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                            preexec_fn=die_with_parent_hook())
         self.capture.start(self.process.stdout, self.process.stderr)  # type: ignore[arg-type]
         memory_limit = guard.memory_limit_bytes((self.job.resources or {}).get("memory_limit_mb"),
                                                 self.claim.node.memory_bytes, self.config.memory_fraction)
@@ -282,11 +291,37 @@ class NodeRun:
         self.sampler.start()
         self.syncer = PeriodicSync(self, self.config.sync_seconds)
         self.syncer.start()
-        self.capture.note(f"launched {spec.processes} process(es) on node {self.claim.node.name}: {' '.join(command)}")
+        how = f"warm from pool {self.job.warm_pool} (forked)" if forked is not None else "cold"
+        self.capture.note(f"launched {spec.processes} process(es) on node {self.claim.node.name}, {how}: "
+                          f"{' '.join(command)}")
         if self.is_leader:
             transition(self.job_id, JobStatus.TRAINING, from_statuses=[JobStatus.STARTING],
                        message=f"{spec.processes * spec.nnodes} process(es) on {spec.nnodes} node(s)",
                        training_started_at=timezone.now())
+
+    def _launch_warm(self, spec: LaunchSpec, env: dict[str, str]):
+        """Fork the job's processes from the pool's fork server; None (a cold launch
+        follows) when the server is not there or not ready in time."""
+        from jobs.runner import warm
+        from jobs.runner.forkserver import ForkServerError, LaunchRequest
+
+        server = warm.server_for_launch(timeout=self.config.warm_ready_seconds)
+        if server is None:
+            self._note(f"node {self.claim.node.name}: the warm pool's fork server is not ready; starting cold")
+            return None
+        master_addr, master_port = "127.0.0.1", 0
+        if spec.nnodes > 1:
+            host, _, port = spec.rendezvous_endpoint.rpartition(":")
+            master_addr, master_port = host, int(port)
+        request = LaunchRequest(module=spec.module, script=spec.script, args=list(spec.args), env=dict(env),
+                                cwd=str(self.job_dir.code_dir), nproc=spec.processes, nnodes=spec.nnodes,
+                                node_rank=spec.node_rank, master_addr=master_addr, master_port=master_port,
+                                run_id=spec.rendezvous_id)
+        try:
+            return server.launch(request)
+        except (ForkServerError, OSError) as exc:
+            self._note(f"node {self.claim.node.name}: the fork server could not launch ({exc}); starting cold")
+            return None
 
     # --- 3. supervise ------------------------------------------------------------------------
     def supervise(self) -> str:
@@ -370,18 +405,73 @@ class NodeRun:
         if ended_by in ("stop", "runtime"):
             return self._record_stopped(ended_by)
         if ended_by == "shutdown":
-            self._fail(f"infrastructure error: node {self.claim.node.name} was shut down while the job ran; "
-                       "submit it again (it resumes from its last checkpoint)")
-            return "failed"
+            from jobs.recovery import end_attempt
+
+            end_attempt(self.job_id, self.attempt, cause=f"node {self.claim.node.name} was shut down while the job ran")
+            return "shutdown"
         assert verdict is not None
         if verdict.note:
             self._note(verdict.note)
         if not verdict.succeeded:
+            lost = self._vanished_peers()
+            if lost:
+                # Our processes failed because a peer's did not answer any more: not the
+                # job's fault. The attempt ends and the job retries (within its retries).
+                from jobs.recovery import end_attempt
+
+                self.capture_note(f"node(s) {', '.join(lost)} of this attempt stopped heartbeating: the attempt is lost")
+                end_attempt(self.job_id, self.attempt, cause=f"node {', '.join(lost)} stopped answering mid-attempt")
+                return "aborted"
             self._fail(verdict.reason)
             return "failed"
         if not self.is_leader:
             return "completed"
         return self._upload_and_complete(teardown_abort=bool(verdict.note))
+
+    def _vanished_peers(self) -> list[str]:
+        """In a multi-node attempt whose processes failed: the peers that went silent. A
+        peer killed with its worker takes its ranks with it, and ours fail on the next
+        collective within a second — long before the lost-node sweep. So wait up to two
+        heartbeat intervals (and a second) for each peer that has not finished its part to
+        heartbeat again; those that do not are gone."""
+        if self.job.instance_count <= 1:
+            return []
+        try:
+            peers = list(JobAttempt.objects.filter(job_id=self.job_id, attempt=self.attempt, finished_at__isnull=True)
+                         .exclude(node_rank=self.node_rank).exclude(node=None).values_list("node_id", "node__name"))
+            if not peers:
+                return []
+            since = timezone.now()
+            deadline = time.monotonic() + 2 * float(settings.STUDIO_NODE_HEARTBEAT_SECONDS) + 1
+            silent = dict(peers)
+            while silent and time.monotonic() < deadline:
+                time.sleep(0.25)
+                beat = dict(Node.objects.filter(pk__in=list(silent)).values_list("pk", "last_heartbeat"))
+                finished = set(JobAttempt.objects.filter(job_id=self.job_id, attempt=self.attempt,
+                                                         node_id__in=list(silent), finished_at__isnull=False)
+                               .values_list("node_id", flat=True))
+                for node_id in list(silent):
+                    if node_id in finished or (beat.get(node_id) and beat[node_id] > since):
+                        silent.pop(node_id)
+            return sorted(silent.values())
+        except DatabaseError:
+            close_old_connections()
+            return []
+
+    def sync_reports(self) -> None:
+        """Node 0 copies what rank 0 reported (TRAINYARD_REPORT_DIR/<name>.json) into the
+        job's `details`, when it changed."""
+        if not self.is_leader or not self.job_dir.report_dir.is_dir():
+            return
+        reports: dict = {}
+        for path in sorted(self.job_dir.report_dir.glob("*.json")):
+            try:
+                reports[path.stem] = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue  # being written (the SDK replaces files atomically) or not ours
+        if reports and reports != self._reported:
+            TrainingJob.objects.filter(pk=self.job_id).update(details={**(self.job.details or {}), **reports})
+            self._reported = reports
 
     def _close_capture(self) -> None:
         """Flush the live view, then close the log files (appending cut logs' last lines)."""
@@ -453,6 +543,10 @@ class NodeRun:
 
     # --- helpers -----------------------------------------------------------------------------
     def sync_outputs(self) -> None:
+        try:
+            self.sync_reports()
+        except Exception:  # noqa: BLE001 - a report is not worth failing a job for
+            log.warning("job %s: could not save its reports", self.job_id, exc_info=True)
         if self.checkpoints is not None:
             try:
                 self.checkpoints.sync()
@@ -476,10 +570,14 @@ class NodeRun:
                 log.warning("job %s: could not log %r", self.job_id, text, exc_info=True)
 
     def _status(self) -> str | None:
-        """The job's status; GONE if its row was deleted; None if the database did not answer."""
+        """The job's status; GONE if its row was deleted or its attempt moved on (the
+        attempt was ended elsewhere: a lost node, a retry); None if the database did not
+        answer."""
         try:
-            status = TrainingJob.objects.filter(pk=self.job_id).values_list("status", flat=True).first()
-            return GONE if status is None else status
+            row = TrainingJob.objects.filter(pk=self.job_id).values_list("status", "attempt").first()
+            if row is None or row[1] != self.attempt:
+                return GONE
+            return row[0]
         except DatabaseError:
             # The database restarting must not end a healthy job: ask again next time.
             log.warning("job %s: could not read its status", self.job_id, exc_info=True)
@@ -528,11 +626,11 @@ class NodeRun:
         if self.publisher is not None:
             self.publisher.stop()
         self.lease.stop()
+        # The attempt closes before the node is free: a node's attempts never overlap.
         steps = (
-            lambda: Node.objects.filter(pk=self.claim.node.pk, current_job_id=self.job_id)
-            .exclude(state=NodeState.STOPPED).update(state=NodeState.IDLE, current_job=None),
             lambda: JobAttempt.objects.filter(job_id=self.job_id, attempt=self.attempt, node_rank=self.node_rank)
             .update(finished_at=timezone.now(), exit_code=self.exit_code, outcome=result),
+            lambda: self._release_node(result),
         )
         for step in steps:
             try:
@@ -548,6 +646,32 @@ class NodeRun:
             schedule_jobs_task.delay()
         except Exception:  # noqa: BLE001 - the periodic tick schedules it anyway
             log.debug("could not send a scheduling tick", exc_info=True)
+
+
+    def _release_node(self, result: str) -> None:
+        """Idle, or warm: a job with keep_alive_seconds leaves its node reserved for the
+        next job of its pool (same project, instance type, instance count), holding a fork
+        server with torch imported (jobs.runner.warm)."""
+        mine = Node.objects.filter(pk=self.claim.node.pk, current_job_id=self.job_id).exclude(
+            state__in=[NodeState.STOPPED, NodeState.LOST])
+        keep = self.job.keep_alive_seconds
+        # Node 0 records the final status after the others finish, so the others go by
+        # their own result: the attempt ran its course here (not lost, not requeued).
+        row = TrainingJob.objects.filter(pk=self.job_id).values_list("status", "attempt").first()
+        ended_here = (result in ("completed", "failed", "stopped") and row is not None and row[1] == self.attempt
+                      and row[0] != JobStatus.PENDING)
+        if keep and ended_here and not SHUTDOWN.is_set():
+            pool = self.job.warm_pool or f"pool-{self.job_id}"
+            if mine.update(state=NodeState.WARM, current_job=None, warm_pool=pool, warm_project=self.job.project_id,
+                           warm_instance_count=self.job.instance_count, warm_from_job=self.job_id,
+                           warm_until=timezone.now() + timedelta(seconds=keep)):
+                from jobs.runner import warm
+
+                warm.ensure_server()
+                self._note(f"node {self.claim.node.name} stays warm in {pool} for {keep} s")
+            return
+        mine.update(state=NodeState.IDLE, current_job=None, warm_pool="", warm_until=None, warm_project=None,
+                    warm_instance_count=0, warm_from_job=None)
 
 
 def script_arguments(hyperparameters: dict) -> list[str]:

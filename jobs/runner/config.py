@@ -50,6 +50,7 @@ class RunnerConfig:
     keep_job_dirs: bool  # keep <data_dir>/jobs/<id>/ after the job (debugging)
     node_address: str  # how other nodes reach this one (multi-node rendezvous)
     rendezvous_timeout_seconds: int
+    warm_ready_seconds: float = 30.0  # how long a warm launch waits for the pool's fork server to finish importing
 
     @property
     def cache_dir(self) -> Path:
@@ -79,4 +80,5 @@ class RunnerConfig:
             keep_job_dirs=_bool("STUDIO_KEEP_JOB_DIRS", False),
             node_address=str(getattr(settings, "STUDIO_NODE_ADDRESS", "") or env_str("STUDIO_NODE_ADDRESS", "")),
             rendezvous_timeout_seconds=_int("STUDIO_RENDEZVOUS_TIMEOUT_SECONDS", 300),
+            warm_ready_seconds=_float("STUDIO_WARM_READY_SECONDS", 30.0),
         )

@@ -88,6 +88,12 @@ class JobDir:
     def spool_dir(self) -> Path:
         return self.root / "tmp" / "launcher"
 
+    # What the processes report about themselves (trainyard.report): <name>.json files that
+    # node 0's agent copies into the job's `details`.
+    @property
+    def report_dir(self) -> Path:
+        return self.output_dir / "report"
+
     @property
     def failure_file(self) -> Path:
         return self.output_dir / "failure"
@@ -97,7 +103,7 @@ class JobDir:
 
     def create(self) -> None:
         for folder in (self.config_dir, self.data_dir, self.code_dir, self.model_dir, self.output_data_dir,
-                       self.checkpoint_dir, self.logs_dir, self.spool_dir):
+                       self.checkpoint_dir, self.logs_dir, self.spool_dir, self.report_dir):
             folder.mkdir(parents=True, exist_ok=True)
 
 
@@ -119,6 +125,8 @@ class LaunchFacts:
     checkpoint_every_steps: int = 0
     network_interface: str = "lo"
     environment: Mapping[str, str] = field(default_factory=dict)  # the job's own `environment`
+    distribution: str = "none"  # none | ddp | fsdp | pipeline
+    pipeline: Mapping[str, Any] = field(default_factory=dict)  # {"stages", "microbatches", "schedule", "partition"}
 
     @property
     def current_host(self) -> str:
@@ -222,6 +230,9 @@ def build_environment(job_dir: JobDir, facts: LaunchFacts, base: Mapping[str, st
         protocol.ENV_REDIS_URL: facts.redis_url,
         protocol.ENV_CHECKPOINT_EVERY_STEPS: str(facts.checkpoint_every_steps),
         protocol.ENV_NODE_NAME: facts.current_host,
+        protocol.ENV_DISTRIBUTION: facts.distribution,
+        protocol.ENV_PIPELINE: json.dumps(dict(facts.pipeline)),
+        protocol.ENV_REPORT_DIR: str(job_dir.report_dir),
         "PYTHONUNBUFFERED": "1",
         # Temporary files die with the job directory instead of filling /tmp.
         "TMPDIR": str(job_dir.tmp_dir),

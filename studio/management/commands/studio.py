@@ -121,7 +121,8 @@ class Command(BaseCommand):
 
             redis_url = os.environ.get("REDIS_URL", "")
             if not redis_url:
-                redis = EmbeddedRedis(data_dir=data_dir / "redis")
+                # Durable: a restarted studio finds its queues, metric streams and consumer groups.
+                redis = EmbeddedRedis(data_dir=data_dir / "redis", durable="everysec")
                 redis_url = redis.start()
                 self.stdout.write(f"Started the embedded Redis at {redis_url}")
             _use_broker(redis_url)
@@ -259,6 +260,9 @@ class Command(BaseCommand):
         finally:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the clean-up short
             beats.stop()
+            from jobs.runner import warm
+
+            warm.close()
             close_old_connections()
             mark_stopped(name)
             self.stderr.write(f"node {name}: stopped")

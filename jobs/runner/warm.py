@@ -1,0 +1,94 @@
+"""The node's side of a warm pool: the fork server it holds while warm.
+
+A node whose job ended with `keep_alive_seconds` turns `warm` (jobs.runner.agent) and
+starts a fork server here: a child process that has imported torch and the algorithms'
+common code and waits to fork job processes (jobs.runner.forkserver). The next job of the
+pool is launched by forking it — no interpreter start, no torch import — with the data
+cache (jobs.runner.staging.DataCache) already filled by the previous job.
+
+One server per node worker process (the solo pool runs one job at a time). The worker's
+heartbeat thread calls `tidy` so a node that left its pool (expired, lost, taken by the
+scheduler for nothing warm) does not keep a server's memory for nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# Imported in the server before it forks: what every built-in algorithm and most scripts
+# pay for first. Import only: no torch op runs in the server (fork safety, see forkserver).
+PRELOAD = ("torch", "torch.nn", "torch.distributed", "numpy", "jobs.algorithms.common", "trainyard.metrics")
+
+_lock = threading.Lock()
+_server = None  # jobs.runner.forkserver.ForkServer
+
+
+def socket_path() -> Path:
+    # Unix socket paths are capped near 108 bytes: a short path in the temp folder, per process.
+    return Path(tempfile.gettempdir()) / f"trainyard-fork-{os.getpid()}.sock"
+
+
+def ensure_server() -> None:
+    """Start the fork server unless one is alive. Returns at once: the server imports
+    torch in the background while the pool waits for its next job."""
+    global _server
+    from jobs.runner.forkserver import ForkServer
+
+    with _lock:
+        if _server is not None and _server.alive():
+            return
+        if _server is not None:
+            _close(_server)
+        try:
+            _server = ForkServer.start(socket_path=socket_path(), preload=PRELOAD)
+            log.info("warm pool: fork server started (pid %s)", _server.pid)
+        except Exception:  # noqa: BLE001 - without a server the next job starts cold, nothing worse
+            log.exception("warm pool: could not start the fork server; matching jobs start cold")
+            _server = None
+
+
+def server_for_launch(timeout: float):
+    """The fork server, once ready (waiting up to `timeout` s for its imports), or None."""
+    with _lock:
+        server = _server
+    if server is None or not server.alive():
+        return None
+    return server if server.ready(timeout) else None
+
+
+def running() -> bool:
+    with _lock:
+        return _server is not None and _server.alive()
+
+
+def close() -> None:
+    global _server
+    with _lock:
+        server, _server = _server, None
+    if server is not None:
+        _close(server)
+
+
+def _close(server) -> None:
+    try:
+        server.close()
+        log.info("warm pool: fork server stopped")
+    except Exception:  # noqa: BLE001
+        log.warning("could not stop the fork server", exc_info=True)
+
+
+def tidy(node_name: str) -> None:
+    """Close the server when the node is neither warm nor running a job that started warm."""
+    if not running():
+        return
+    from jobs.models import Node, NodeState
+
+    state = Node.objects.filter(name=node_name).values_list("state", flat=True).first()
+    if state not in (NodeState.WARM, NodeState.BUSY):
+        close()
