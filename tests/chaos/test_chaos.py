@@ -119,3 +119,26 @@ def test_scheduling_goes_on_after_the_control_worker_restarts(cluster, submit):
 
     job = _wait(cluster, job, *FINISHED_STATUSES, timeout=90)
     assert job.status == JobStatus.COMPLETED, job.failure_reason
+
+
+def test_a_killed_node_of_a_two_node_gang_retries_the_whole_gang(cluster, submit):
+    job = submit("resumable_ddp.py", instance_count=2, distribution="ddp", retries=2,
+                 hyperparameters={"steps": 40, "every": 5, "delay": 0.2})
+    job.checkpoint = {"uri": f"{job.output_uri}/checkpoints"}
+    job.save(update_fields=["checkpoint"])
+    _wait(cluster, job, JobStatus.TRAINING)
+    wait_for(lambda: len(_points(job)) >= 12 and _stored_checkpoints(job), timeout=60, message="checkpoints to sync")
+    # Kill node 1: node 0's rank fails on its next all-reduce, long before the lost-node
+    # sweep; its agent sees the peer silent and ends the attempt as lost, not failed.
+    victim = JobAttempt.objects.get(job=job, attempt=1, node_rank=1).node.name
+    cluster.kill(cluster.node(victim))
+
+    job = _wait(cluster, job, *FINISHED_STATUSES, timeout=150)
+    assert job.status == JobStatus.COMPLETED, job.failure_reason
+    assert job.attempt == 2
+    assert victim not in set(JobAttempt.objects.filter(job=job, attempt=2).values_list("node__name", flat=True))
+    log = _log(job, "rank-0.log")
+    checkpoint_step = int(re.search(r"resumed from checkpoint step (\d+)", log).group(1))
+    assert checkpoint_step >= 5
+    wait_for(lambda: len(_points(job)) == 40, timeout=30, message="all 40 points")
+    assert _points(job) == list(range(1, 41))
