@@ -271,7 +271,7 @@ class NodeRun:
         command = build_command(spec)
         forked = self._launch_warm(spec, env) if self.job.warm_pool else None
         if forked is not None:
-            self.process = forked  # type: ignore[assignment] - Popen-like (pid, poll, wait, stdout, stderr)
+            self.process = forked  # type: ignore[assignment]  # Popen-like: pid, poll, wait, stdout, stderr
             command = ["fork-server", spec.module or spec.script, *spec.args]
         else:
             # Its own session: signals for the job never reach the worker, and the worker's
