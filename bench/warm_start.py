@@ -99,6 +99,10 @@ def main() -> int:
         if job.status != "Completed":
             raise RuntimeError(f"job ended {job.status}: {job.failure_reason}")
         first = _first_point_time(job.pk)
+        if os.environ.get("BENCH_VERBOSE"):
+            for event in job.events.order_by("at", "pk"):
+                print(f"    {event.at.timestamp() - submitted:6.3f} {event.status:<10} {event.message[:90]}")
+            print(f"    {first - submitted:6.3f} first point")
         return first - submitted, job.warm_pool
 
     cold: list[float] = []

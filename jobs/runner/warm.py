@@ -23,7 +23,10 @@ log = logging.getLogger(__name__)
 
 # Imported in the server before it forks: what every built-in algorithm and most scripts
 # pay for first. Import only: no torch op runs in the server (fork safety, see forkserver).
-PRELOAD = ("torch", "torch.nn", "torch.distributed", "numpy", "jobs.algorithms.common", "trainyard.metrics")
+# torch._inductor.config: torch.use_deterministic_algorithms (every built-in algorithm
+# seeds with it) imports it lazily, pulling in torch._dynamo — 1.5 s of a warm start.
+PRELOAD = ("torch", "torch.nn", "torch.distributed", "torch._inductor.config", "numpy", "jobs.algorithms.common",
+           "trainyard.metrics")
 
 _lock = threading.Lock()
 _server = None  # jobs.runner.forkserver.ForkServer
