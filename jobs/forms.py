@@ -11,12 +11,25 @@ from typing import Any
 from django import forms
 
 from jobs.models import TrainingJob
-from jobs.serializers import AVAILABLE_DISTRIBUTIONS, MAX_RUNTIME_LIMIT
+from jobs.serializers import AVAILABLE_DISTRIBUTIONS, MAX_RUNTIME_LIMIT, PIPELINE_SCHEDULES
 from studio.models import Project
 
 MONO = {"class": "mono", "spellcheck": "false", "autocomplete": "off"}
 ENV_PLACEHOLDER = "TOKENIZERS_PARALLELISM=false\nMY_FLAG=1"
-DISTRIBUTION_LABELS = {"none": "none (one process)", "ddp": "ddp (data parallel)"}
+DISTRIBUTION_LABELS = {"none": "None (one process)", "ddp": "Data parallel (DDP)", "fsdp": "Sharded data parallel (FSDP)",
+                       "pipeline": "Pipeline model parallel"}
+# Shown under the choice (static/js/job_form.js swaps them as the choice changes).
+DISTRIBUTION_HELP = {
+    "none": "One process per node; no torch.distributed.",
+    "ddp": "Every process holds the whole model and trains on its share of each batch; gradients are averaged.",
+    "fsdp": "Parameters, gradients and optimizer state are sharded over the processes: for models too big for one.",
+    "pipeline": "The model's layers are cut into stages, one process each; every batch flows through them in microbatches.",
+}
+PARTITION_CHOICES = [("auto", "Auto (balance by each layer's cost)"), ("even", "Even (same number of layers per stage)"),
+                     ("manual", "Manual (layer counts per stage)")]
+SCHEDULE_LABELS = {"gpipe": "GPipe", "1f1b": "1F1B"}
+SCHEDULE_HELP = ("GPipe runs every microbatch forward, then every one backward; 1F1B alternates them and holds fewer "
+                 "activations at once.")
 
 
 class JobForm(forms.Form):
@@ -46,6 +59,21 @@ class JobForm(forms.Form):
     retries = forms.IntegerField(min_value=0, max_value=10, initial=0, help_text="Relaunches after a node is lost.")
     keep_alive_seconds = forms.IntegerField(label="Keep warm (seconds)", min_value=0, max_value=3600, initial=0,
                                             help_text="Keep the node's process warm for the next job.")
+    priority = forms.IntegerField(min_value=-100, max_value=100, initial=0,
+                                  help_text="-100 to 100; higher starts first, first come first served within a priority.")
+    # distribution "pipeline": posted as the API's `pipeline` object.
+    pipeline_stages = forms.IntegerField(label="Stages", min_value=2, max_value=64, initial=2,
+                                         help_text="One process per stage.")
+    pipeline_microbatches = forms.IntegerField(label="Microbatches", min_value=1, max_value=1024, initial=4,
+                                               help_text="Each batch is split into this many; at most the batch size.")
+    pipeline_schedule = forms.ChoiceField(label="Schedule", choices=[(s, SCHEDULE_LABELS.get(s, s)) for s in PIPELINE_SCHEDULES],
+                                          help_text=SCHEDULE_HELP)
+    pipeline_partition = forms.ChoiceField(label="Partition", choices=PARTITION_CHOICES)
+    pipeline_partition_counts = forms.CharField(label="Layers per stage", required=False, max_length=400,
+                                                widget=forms.TextInput(attrs={**MONO, "placeholder": "3, 2"}))
+    pipeline_memory_cap_mb = forms.IntegerField(label="Memory cap per stage (MB)", min_value=1, required=False,
+                                                help_text="Auto partitioning keeps each stage under it.",
+                                                widget=forms.NumberInput(attrs={"placeholder": "no cap"}))
 
     def __init__(self, *args: Any, projects: list[Project], algorithms: dict, instance_types: list[str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -77,4 +105,22 @@ def clone_initial(job: TrainingJob, writable_slugs: list[str]) -> dict[str, Any]
         "environment": "\n".join(f"{key}={value}" for key, value in sorted((job.environment or {}).items())),
         "retries": job.retries,
         "keep_alive_seconds": job.keep_alive_seconds,
+        "priority": job.priority,
+        **pipeline_initial(job.pipeline or {}),
+    }
+
+
+def pipeline_initial(pipeline: dict[str, Any]) -> dict[str, Any]:
+    """The pipeline fields of a clone; a partition list becomes "manual" with its counts."""
+    if not pipeline:
+        return {}
+    partition = pipeline.get("partition", "auto")
+    manual = isinstance(partition, list)
+    return {
+        "pipeline_stages": pipeline.get("stages"),
+        "pipeline_microbatches": pipeline.get("microbatches"),
+        "pipeline_schedule": pipeline.get("schedule") or "gpipe",
+        "pipeline_partition": "manual" if manual else str(partition),
+        "pipeline_partition_counts": ", ".join(str(count) for count in partition) if manual else "",
+        "pipeline_memory_cap_mb": pipeline.get("memory_cap_mb"),
     }

@@ -28,8 +28,10 @@ from django.utils.text import slugify
 from datasets.models import Dataset, DatasetVersion, VersionStatus
 from datasets.storage import S3Store, StorageError, join_uri, split_uri, store_for
 from jobs.access import get_job_for_user
-from jobs.forms import JobForm, clone_initial
-from jobs.models import JobEvent, JobInput, JobStatus, Node, SystemMetric, TrainingJob
+from jobs.forms import DISTRIBUTION_HELP, JobForm, clone_initial
+from jobs.models import Distribution, JobAttempt, JobEvent, JobInput, JobStatus, Node, SystemMetric, TrainingJob
+from jobs.reports import fsdp_report, partition_report
+from jobs.runner.launch import describe_exit
 from jobs.serializers import STOPPABLE
 from studio.models import Project
 from studio.views import current_project, page, project_roles, readable_projects
@@ -256,6 +258,7 @@ def job_create(request: HttpRequest) -> HttpResponse:
             "versions": ready_versions(writable),
             "clone": _clone_payload(clone) if clone else None,
             "largest_cpus": largest_cpus,
+            "distribution_help": DISTRIBUTION_HELP,
             "job_url_base": reverse("job-detail", args=[0]).removesuffix("0/"),
         },
     })
@@ -311,6 +314,12 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     can_write = can_write_in(request, job.project_id)
     world_size = job.instance_count * job.processes_per_node
     events = list(job.events.all())
+    attempts = list(JobAttempt.objects.filter(job=job).select_related("node").only(
+        "attempt", "node_rank", "started_at", "finished_at", "exit_code", "outcome", "warm_start", "job_id", "node__name",
+    ).order_by("attempt", "node_rank"))
+    for attempt in attempts:
+        attempt.exit_text = describe_exit(attempt.exit_code) if attempt.exit_code is not None else ""
+    partition_setting = (job.pipeline or {}).get("partition", "auto")
     return render(request, "jobs/detail.html", {
         "job": job,
         "events": events,
@@ -323,10 +332,19 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "hyperparameters": [(name, shown_value(value)) for name, value in sorted((job.hyperparameters or {}).items())],
         "environment": sorted((job.environment or {}).items()),
         "ranks": list(range(min(world_size, MAX_RANK_OPTIONS))) if world_size > 1 else [],
+        "attempts": attempts,
+        "retries_used": max(0, job.attempt - 1),
+        "partition": partition_report(job.details),
+        "fsdp": fsdp_report(job.details),
+        "partition_setting": (", ".join(str(count) for count in partition_setting) if isinstance(partition_setting, list)
+                              else str(partition_setting)),
         "live": {
             "job": job.pk,
             "status": job.status,
             "finished": job.is_finished(),
+            # Training processes report a partition or FSDP settings; the agent may store them
+            # moments after the final status, so the page looks once more then.
+            "expects_report": job.distribution in (Distribution.PIPELINE, Distribution.FSDP),
             "metric_names": declared_metric_names(job),
             "system": _system_samples(job),
             "stream_after": None if job.is_finished() else stream_start(job.pk),

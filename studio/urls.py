@@ -4,6 +4,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 
 from datasets import api as datasets_api
 from jobs import api as jobs_api
+from jobs import api_nodes
 from studio import views_api
 
 api_v1 = [
@@ -21,6 +22,8 @@ api_v1 = [
     path("jobs/", jobs_api.JobListView.as_view(), name="api-jobs"),
     path("jobs/<int:pk>/", jobs_api.JobDetailView.as_view(), name="api-job"),
     path("jobs/<int:pk>/stop/", jobs_api.JobStopView.as_view(), name="api-job-stop"),
+    path("nodes/", api_nodes.NodeListView.as_view(), name="api-nodes"),
+    path("nodes/<str:name>/", api_nodes.NodeDetailView.as_view(), name="api-node"),
     path("", include("jobs.metrics_urls")),
 ]
 

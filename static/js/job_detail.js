@@ -325,6 +325,9 @@
       live.finished = true;
       if (stream) stream.close();
       document.getElementById("metrics-note").textContent = "";
+      // The partition's measured times (or FSDP's report) may be stored just after the
+      // final status: look once more a little later.
+      if (live.expects_report) window.setTimeout(refreshRegions, 3000);
     }
   }
 

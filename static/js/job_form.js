@@ -1,7 +1,8 @@
 // The job form: generates the hyperparameter fields and the channel pickers from the
 // chosen algorithm's schema, uploads a custom script to POST /api/v1/scripts/, sends the
 // job as JSON to POST /api/v1/jobs/, puts the API's field errors (dotted paths such as
-// hyperparameters.epochs or inputs.train) next to their inputs, then opens the job's page.
+// hyperparameters.epochs, inputs.train or pipeline.stages) next to their inputs, then opens
+// the job's page. Pipeline settings show only for distribution "pipeline".
 (function () {
   "use strict";
 
@@ -401,6 +402,33 @@
     return number;
   }
 
+  // distribution "pipeline": the API's `pipeline` object. Empty numbers are left out, so the
+  // API's defaults (and its "required" message for stages) apply.
+  function collectPipeline(errors) {
+    var pipeline = { schedule: form.elements.pipeline_schedule.value };
+    var stages = wholeNumber("id_pipeline_stages", "pipeline.stages", errors);
+    if (stages !== undefined) pipeline.stages = stages;
+    var microbatches = wholeNumber("id_pipeline_microbatches", "pipeline.microbatches", errors);
+    if (microbatches !== undefined) pipeline.microbatches = microbatches;
+    var cap = wholeNumber("id_pipeline_memory_cap_mb", "pipeline.memory_cap_mb", errors);
+    if (cap !== undefined) pipeline.memory_cap_mb = cap;
+    var partition = form.elements.pipeline_partition.value;
+    if (partition !== "manual") {
+      pipeline.partition = partition;
+      return pipeline;
+    }
+    var parts = form.elements.pipeline_partition_counts.value.split(/[\s,]+/).filter(Boolean);
+    var counts = parts.map(Number);
+    if (!parts.length) {
+      errors["pipeline.partition"] = ["Give the number of layers of each stage, e.g. 3, 2."];
+    } else if (!counts.every(function (n) { return Number.isInteger(n) && n >= 1; })) {
+      errors["pipeline.partition"] = ["Use whole numbers of at least 1, separated by commas, e.g. 3, 2."];
+    } else {
+      pipeline.partition = counts;
+    }
+    return pipeline;
+  }
+
   function buildBody(errors) {
     var body = {
       project: form.elements.project.value,
@@ -422,10 +450,11 @@
     var every = wholeNumber("id_checkpoint_every_steps", "checkpoint.every_steps", errors);
     var uri = form.elements.checkpoint_uri.value.trim();
     if (every !== undefined || uri) body.checkpoint = { every_steps: every || 0, uri: uri };
-    ["retries", "keep_alive_seconds"].forEach(function (name) {
+    ["retries", "keep_alive_seconds", "priority"].forEach(function (name) {
       var value = wholeNumber("id_" + name, name, errors);
       if (value !== undefined) body[name] = value;
     });
+    if (body.distribution === "pipeline") body.pipeline = collectPipeline(errors);
     var env = parseLines(form.elements.environment.value, "KEY=value");
     if (env.problems.length) errors.environment = env.problems;
     body.environment = env.values;
@@ -473,17 +502,54 @@
     var largest = data.largest_cpus[form.elements.instance_type.value];
     var input = el("id_processes_per_node");
     if (largest) input.setAttribute("max", largest); else input.removeAttribute("max");
+    var empty = form.elements.distribution.value === "pipeline"
+      ? "Empty: one per stage, spread over the nodes."
+      : "Empty: one per GPU, or one on CPU nodes.";
     el("processes-help").textContent = largest
-      ? "Empty: one per GPU, or one on CPU nodes. The largest '" + form.elements.instance_type.value + "' node has " + largest + " CPUs."
-      : "Empty: one per GPU, or one on CPU nodes. No node of this type is running yet.";
+      ? empty + " The largest '" + form.elements.instance_type.value + "' node has " + largest + " CPUs."
+      : empty + " No node of this type is running yet.";
+  }
+
+  // The distributions the chosen algorithm supports (a script may use any); an unsupported
+  // choice falls back to the first supported one rather than failing on submit.
+  function limitDistributions() {
+    var current = spec();
+    var supported = current && current.distributions ? current.distributions : null;
+    var select = form.elements.distribution;
+    Array.prototype.forEach.call(select.options, function (option) {
+      option.disabled = supported !== null && supported.indexOf(option.value) === -1;
+      option.title = option.disabled ? current.name + " does not support this" : "";
+    });
+    if (select.selectedOptions[0] && select.selectedOptions[0].disabled) {
+      var first = Array.prototype.filter.call(select.options, function (option) { return !option.disabled; })[0];
+      if (first) select.value = first.value;
+    }
+    showDistribution();
+  }
+
+  function showDistribution() {
+    var value = form.elements.distribution.value;
+    el("distribution-help").textContent = (data.distribution_help || {})[value] || "";
+    el("pipeline-fields").hidden = value !== "pipeline";
+    el("partition-counts").hidden = form.elements.pipeline_partition.value !== "manual";
+    limitProcesses();
   }
 
   form.addEventListener("submit", send);
-  form.elements.algorithm.addEventListener("change", function () { clearErrors(); renderHyperparameters(); renderChannels(true); });
+  form.elements.algorithm.addEventListener("change", function () {
+    clearErrors(); renderHyperparameters(); renderChannels(true); limitDistributions();
+  });
   form.elements.project.addEventListener("change", function () { renderChannels(false); uploadScript(); });
   form.elements.instance_type.addEventListener("change", limitProcesses);
+  form.elements.distribution.addEventListener("change", showDistribution);
+  form.elements.pipeline_partition.addEventListener("change", function () {
+    showDistribution();
+    if (form.elements.pipeline_partition.value === "manual") form.elements.pipeline_partition_counts.focus();
+  });
   form.querySelectorAll('input[name="run_mode"]').forEach(function (radio) {
-    radio.addEventListener("change", function () { clearErrors(); showMode(); renderHyperparameters(); renderChannels(true); });
+    radio.addEventListener("change", function () {
+      clearErrors(); showMode(); renderHyperparameters(); renderChannels(true); limitDistributions();
+    });
   });
   scriptFile.addEventListener("change", uploadScript);
   el("add-metric").addEventListener("click", function () { metricRow(null); });
@@ -502,5 +568,5 @@
   showMode();
   renderHyperparameters();
   renderChannels(false);
-  limitProcesses();
+  limitDistributions();
 })();

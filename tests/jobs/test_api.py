@@ -37,6 +37,13 @@ def job_body(version_id: int, **overrides) -> dict:
             "hyperparameters": {"epochs": 2}, "inputs": {"train": {"dataset_version": version_id}}, **overrides}
 
 
+def _dotted(fields: dict, prefix: str = ""):
+    for key, value in fields.items():
+        yield f"{prefix}{key}"
+        if isinstance(value, dict):
+            yield from _dotted(value, f"{prefix}{key}.")
+
+
 def submit(client, body):
     return client.post("/api/v1/jobs/", body, format="json")
 
@@ -69,7 +76,16 @@ def test_submit_creates_a_pending_job_with_timeline(owner, client_for, ready_ver
         ({"inputs": {"train": {"dataset_version": 999999}}}, "inputs.train", "No dataset version 999999"),
         ({"inputs": {"train": {"dataset_version": 1, "mode": "teleport"}}}, "inputs.train", "mode"),
         ({"resources": {"processes_per_node": 64}}, "resources.processes_per_node", "more than the 2 CPUs"),
-        ({"distribution": "pipeline"}, "distribution", "not available"),
+        ({"distribution": "pipeline"}, "pipeline", "needs pipeline"),
+        ({"distribution": "fsdp"}, "distribution", "tabular-classifier does not support distribution 'fsdp'"),
+        ({"pipeline": {"stages": 2}}, "pipeline", "only with distribution"),
+        ({"distribution": "pipeline", "pipeline": {"stages": 1}}, "pipeline.stages", "2"),
+        ({"distribution": "pipeline", "pipeline": {"stages": 2, "partition": [1]}}, "pipeline.partition",
+         "one count per stage"),
+        ({"distribution": "pipeline", "pipeline": {"stages": 2, "partition": "balanced"}}, "pipeline.partition",
+         "auto"),
+        ({"distribution": "pipeline", "pipeline": {"stages": 2, "schedule": "zigzag"}}, "pipeline.schedule", ""),
+        ({"priority": 1000}, "priority", "100"),
         ({"stopping": {"max_runtime_seconds": 0}}, "stopping", ""),
         ({"metric_definitions": [{"name": "loss", "regex": "loss=("}]}, "metric_definitions", "regular expression"),
         ({"metric_definitions": [{"name": "loss", "regex": "loss=[0-9.]+"}]}, "metric_definitions", "capture group"),
@@ -85,9 +101,46 @@ def test_bad_submissions_are_field_errors(owner, client_for, ready_version, over
     response = submit(client_for(owner), job_body(ready_version.pk, **overrides))
     assert response.status_code == 400, response.content
     error = response.json()["error"]
-    assert any(key == field or key.startswith(field + ".") or key.startswith(field) for key in error["fields"]), error
+    # Nested serializers answer nested ({"pipeline": {"stages": [...]}}); checks in
+    # submit_job answer dotted ({"pipeline.partition": "..."}): both name the field.
+    keys = list(_dotted(error["fields"]))
+    assert any(key == field or key.startswith(field + ".") or key.startswith(field) for key in keys), error
     assert text in str(error), error
     assert not TrainingJob.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "resources", "field", "text"),
+    [
+        ({"stages": 2, "partition": [2, 3]}, {}, "pipeline.partition", "add up to 5 but the model has 4 layers"),
+        ({"stages": 5}, {"processes_per_node": 5}, "pipeline.stages", "cannot be cut into 5 stages"),
+        ({"stages": 2}, {"processes_per_node": 1}, "pipeline.stages", "instance_count × processes_per_node = 1"),
+        ({"stages": 2, "microbatches": 64}, {}, "pipeline.microbatches", "do not fit a batch of 32"),
+    ],
+)
+def test_bad_pipelines_for_char_lm_are_field_errors(owner, client_for, ready_version, pipeline, resources, field,
+                                                    text):
+    Node.objects.create(name="n1", hostname="h", queue="node.n1", cpus=8)
+    body = job_body(ready_version.pk, algorithm="char-lm", hyperparameters={"layers": 2}, distribution="pipeline",
+                    pipeline=pipeline, resources=resources)
+    response = submit(client_for(owner), body)
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert field in error["fields"], error
+    assert text in error["fields"][field][0], error
+    assert not TrainingJob.objects.exists()
+
+
+def test_a_pipeline_job_gets_one_process_per_stage(owner, client_for, ready_version):
+    Node.objects.create(name="n1", hostname="h", queue="node.n1", cpus=8)
+    body = job_body(ready_version.pk, algorithm="char-lm", hyperparameters={"layers": 2}, distribution="pipeline",
+                    pipeline={"stages": 2, "schedule": "1f1b", "partition": [1, 3]}, priority=5)
+    response = submit(client_for(owner), body)
+    assert response.status_code == 201, response.content
+    job = response.json()
+    assert job["resources"]["processes_per_node"] == 2
+    assert job["pipeline"] == {"stages": 2, "microbatches": 4, "schedule": "1f1b", "partition": [1, 3]}
+    assert job["priority"] == 5
 
 
 def test_version_that_is_not_ready_is_refused(owner, client_for, validating_version):
