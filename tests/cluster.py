@@ -11,6 +11,7 @@ never arrive. Jobs for the cluster ask for `instance_type: "sim"`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -71,15 +72,11 @@ class Cluster:
         assert part.process is not None
         victims = [part.process.pid]
         if tree:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 victims += [child.pid for child in psutil.Process(part.process.pid).children(recursive=True)]
-            except psutil.NoSuchProcess:
-                pass
         for pid in victims:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         part.process.wait(10)
         return victims
 
