@@ -38,9 +38,13 @@ BADGE_CLASSES: dict[str, str] = {
     "busy": "violet",
     "warm": "teal",
     "lost": "red",
+    # job attempts (JobAttempt.outcome)
+    "running": "violet",
+    "aborted": "amber",
+    "shutdown": "amber",
 }
 # Statuses that are still moving: their dot pulses so "working" reads at a glance.
-MOVING = frozenset({"starting", "training", "uploading", "stopping", "validating", "inprogress", "busy"})
+MOVING = frozenset({"starting", "training", "uploading", "stopping", "validating", "inprogress", "busy", "running"})
 LABELS = {"inprogress": "In progress"}
 
 
