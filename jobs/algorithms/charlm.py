@@ -1,8 +1,9 @@
 """char-lm: a small decoder-only transformer over the characters of plain .txt files.
 
 The model is a plain stack — embedding block, N transformer blocks, head — built by
-build_layers(), so a pipeline-parallel run can cut the list into stages and nothing else
-changes. torch is imported inside functions (the layer classes are defined on first use):
+build_layers(), so a pipeline-parallel run (jobs.algorithms.pipeline) can cut the list into
+stages and nothing else changes; a sharded one (jobs.algorithms.fsdp) shards it layer by
+layer. torch is imported inside functions (the layer classes are defined on first use):
 the studio reads SPEC without paying for it.
 """
 
@@ -33,6 +34,11 @@ NAME = "char-lm"
 UNKNOWN = 0  # index 0: a character train never had; vocabulary[i - 1] is character i
 
 
+def layer_count(values: dict[str, Any]) -> int:
+    """What build_layers returns: the embedding block, the blocks and the head."""
+    return int(values["layers"]) + 2
+
+
 def _check(values: dict[str, Any]) -> dict[str, str]:
     if values["embedding_dim"] % values["heads"]:
         return {"heads": f"heads: must divide embedding_dim ({values['embedding_dim']}), got {values['heads']}"}
@@ -57,8 +63,9 @@ SPEC = AlgorithmSpec(
     metric_definitions=tuple(metric_definition(name) for name in (
         "train_loss", "validation_loss", "validation_perplexity", "epoch", "test_loss", "test_perplexity")),
     default_objective={"metric": "validation_loss", "goal": "minimize"},
-    distributions=("none", "ddp", "pipeline"),
+    distributions=("none", "ddp", "fsdp", "pipeline"),
     check=_check,
+    layer_count=layer_count,
 )
 
 
@@ -124,6 +131,11 @@ def build_layers(config: dict[str, Any]) -> list[nn.Module]:
         *(block(dim, config["heads"], config["dropout"]) for _ in range(config["layers"])),
         head(dim, size),
     ]
+
+
+def layer_names(config: dict[str, Any]) -> list[str]:
+    """A name per item of build_layers(config), for the pipeline's partition report."""
+    return ["embedding", *(f"block {number}" for number in range(1, config["layers"] + 1)), "head"]
 
 
 def build_model(architecture: dict[str, Any]) -> nn.Module:
@@ -195,8 +207,8 @@ def generate(model: nn.Module, schema: dict[str, Any], prompt: str, max_new_toke
 # --- training ------------------------------------------------------------------------------
 def train(ctx: Context) -> None:
     """1. Read every .txt file; the vocabulary is train's characters. 2. Cut the text into
-    windows; without a validation channel hold out a seeded 10% of them. 3. Fit, write
-    model/ (rank 0)."""
+    windows; without a validation channel hold out a seeded 10% of them. 3. Fit (replicated,
+    sharded or as a pipeline, as the job's distribution says), write model/ (rank 0)."""
     import torch
 
     from jobs.algorithms import common
@@ -240,9 +252,21 @@ def train(ctx: Context) -> None:
     assert train_data is not None
     task = common.Task(model=model, train=train_data, validation=tensors(validation), test=tensors(test),
                        report="perplexity")
-    metrics = common.fit(ctx, task)
+    if ctx.distribution == "pipeline":
+        from jobs.algorithms import pipeline
+
+        metrics, weights = pipeline.fit(ctx, task, list(model.children()), layer_names(architecture))
+    elif ctx.distribution == "fsdp":
+        from jobs.algorithms.fsdp import FullyShard
+
+        strategy = FullyShard(ctx)
+        metrics = common.fit(ctx, task, strategy)
+        weights = strategy.model_state(model)  # every rank takes part in the gather
+    else:
+        metrics, weights = common.fit(ctx, task), None
     schema = {"vocabulary": vocabulary, "context_length": context_length}
-    common.save_model(ctx, model, architecture=architecture, input_schema=schema, labels=None, metrics=metrics)
+    common.save_model(ctx, model, architecture=architecture, input_schema=schema, labels=None, metrics=metrics,
+                      weights=weights)
 
 
 def main() -> None:

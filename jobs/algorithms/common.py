@@ -27,7 +27,7 @@ from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
 from jobs.algorithms.base import AlgorithmSpec, DataError, validate_hyperparameters
-from trainyard import checkpoints
+from trainyard import checkpoints, protocol
 from trainyard import flush as flush_metrics
 from trainyard import log_metrics as sdk_log_metrics
 from trainyard.data import iter_lines, read_manifest
@@ -125,6 +125,9 @@ class Context:
     hps: dict[str, Any]
     dist: Distributed
     logger: MetricLogger = field(default_factory=MetricLogger)
+    # The job's `distribution` (TRAINYARD_DISTRIBUTION): "none" and "ddp" both replicate the
+    # model (DDP once there are two processes); "fsdp" shards it; "pipeline" cuts it in stages.
+    distribution: str = "none"
 
     def log(self, message: str) -> None:
         emit(message)
@@ -160,15 +163,16 @@ def run_algorithm(spec: AlgorithmSpec, train: Callable[[Context], None]) -> None
         hps, errors = validate_hyperparameters(spec, env.hyperparameters, allow_unknown=True)
         if errors:
             raise DataError("invalid hyperparameters: " + "; ".join(errors.values()))
+        distribution = read_distribution(spec)
         emit(f"rank {env.rank}/{env.world_size} on host {env.current_host}: {spec.name} "
              f"WORLD_SIZE={env.world_size} LOCAL_RANK={env.local_rank} torch {torch.__version__} "
-             f"threads={torch.get_num_threads()}")
+             f"threads={torch.get_num_threads()} distribution={distribution}")
         ignored = sorted(set(map(str, env.hyperparameters)) - set(hps))
         if ignored:
             emit(f"note: ignoring hyperparameters {spec.name} does not take: {', '.join(ignored)}")
         seed_everything(hps["seed"])
         dist = start_distributed(env)
-        context = Context(spec=spec, env=env, hps=hps, dist=dist)
+        context = Context(spec=spec, env=env, hps=hps, dist=dist, distribution=distribution)
         try:
             train(context)
         finally:
@@ -176,6 +180,16 @@ def run_algorithm(spec: AlgorithmSpec, train: Callable[[Context], None]) -> None
             stop_distributed(dist)
     except DataError as exc:
         _fail(env.output_dir, str(exc))
+
+
+def read_distribution(spec: AlgorithmSpec) -> str:
+    """TRAINYARD_DISTRIBUTION ("none" when unset, as in a run by hand), if the algorithm
+    supports it; the API checks the same, so only a hand-made environment gets this far."""
+    distribution = os.environ.get(protocol.ENV_DISTRIBUTION, "").strip() or "none"
+    if distribution not in spec.distributions:
+        raise DataError(f"{spec.name} does not support distribution {distribution!r}; it supports "
+                        f"{', '.join(spec.distributions)}")
+    return distribution
 
 
 # --- reading channels ----------------------------------------------------------------------
@@ -386,16 +400,25 @@ def _batch_loss(model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tens
 
 
 @torch.no_grad()
-def evaluate(task: Task, model: nn.Module, data: TensorBatches, prefix: str, dist: Distributed) -> dict[str, float]:
+def evaluate(task: Task, model: nn.Module, data: TensorBatches, prefix: str, dist: Distributed, *,
+             lockstep: bool = False) -> dict[str, float]:
     """Every rank scores its own stride of the data (no padding, so no record counts twice);
-    sums are added over ranks, so every rank reports the same, global, figures."""
+    sums are added over ranks, so every rank reports the same, global, figures. With
+    lockstep every rank runs the same number of forwards (a sharded model all-gathers its
+    weights in each), a rank that has run out scoring record 0 without counting it."""
     was_training = model.training
     model.eval()
     loss_sum = correct = count = 0.0
     mine = list(range(dist.rank, len(data), dist.world_size))
-    for start in range(0, len(mine), EVAL_BATCH_SIZE):
-        batch = tuple(tensor.to(dist.device) for tensor in data[mine[start:start + EVAL_BATCH_SIZE]])
+    chunks = [mine[start:start + EVAL_BATCH_SIZE] for start in range(0, len(mine), EVAL_BATCH_SIZE)]
+    if lockstep:
+        most = math.ceil(math.ceil(len(data) / dist.world_size) / EVAL_BATCH_SIZE)
+        chunks += [[]] * (most - len(chunks))
+    for chunk in chunks:
+        batch = tuple(tensor.to(dist.device) for tensor in data[chunk or [0]])
         logits = model(*batch[:-1])
+        if not chunk:
+            continue
         flat_logits, targets = logits.reshape(-1, logits.shape[-1]), batch[-1].reshape(-1)
         loss_sum += F.cross_entropy(flat_logits, targets, reduction="sum").item()
         correct += (flat_logits.argmax(dim=-1) == targets).sum().item()
@@ -408,7 +431,7 @@ def evaluate(task: Task, model: nn.Module, data: TensorBatches, prefix: str, dis
     return {f"{prefix}_loss": loss, f"{prefix}_accuracy": correct / max(count, 1.0)}
 
 
-def _rng_state() -> dict[str, Any]:
+def rng_state() -> dict[str, Any]:
     legacy: Any = np.random.get_state(legacy=True)  # ("MT19937", keys, position, has_gauss, cached_gaussian)
     _, keys, position, has_gauss, cached_gaussian = legacy
     state: dict[str, Any] = {
@@ -423,7 +446,7 @@ def _rng_state() -> dict[str, Any]:
     return state
 
 
-def _restore_rng(state: dict[str, Any]) -> None:
+def restore_rng(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     saved = state["numpy"]
     np.random.set_state(("MT19937", saved["keys"].numpy().astype(np.uint32), saved["position"], saved["has_gauss"],
@@ -433,7 +456,7 @@ def _restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _resume(ctx: Context, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+def _resume(ctx: Context, model: nn.Module, optimizer: torch.optim.Optimizer, strategy: Replicated) -> int:
     """The step of the newest readable checkpoint, its state loaded into model, optimizer
     and RNGs; 0 when there is none. An unreadable newest file (a sync cut short) falls
     back to the one before it."""
@@ -447,39 +470,81 @@ def _resume(ctx: Context, model: nn.Module, optimizer: torch.optim.Optimizer) ->
             raise DataError(f"checkpoint {path.name} was written by {state.get('algorithm')!r}, not {ctx.spec.name}: "
                             "use an empty checkpoint location for a different algorithm")
         try:
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
+            strategy.load(model, optimizer, state["model"], state["optimizer"])
         except (RuntimeError, ValueError, KeyError) as exc:
             raise DataError(f"checkpoint {path.name} does not fit this model (were the data or the architecture "
                             f"hyperparameters changed?): {str(exc).splitlines()[0]}") from None
-        _restore_rng(state["rng"])
+        restore_rng(state["rng"])
         ctx.log(f"resumed from checkpoint step {step}")
         return step
     return 0
 
 
-def _save_checkpoint(ctx: Context, model: nn.Module, optimizer: torch.optim.Optimizer, step: int, epoch: int) -> None:
+def _save_checkpoint(ctx: Context, model: nn.Module, optimizer: torch.optim.Optimizer, step: int, epoch: int,
+                     strategy: Replicated) -> None:
+    if not (ctx.dist.is_main or strategy.collective_state):
+        return
+    model_state, optimizer_state = strategy.model_state(model), strategy.optimizer_state(model, optimizer)
     if not ctx.dist.is_main:
         return
-    state = {"algorithm": ctx.spec.name, "step": step, "epoch": epoch, "model": model.state_dict(),
-             "optimizer": optimizer.state_dict(), "rng": _rng_state()}
+    state = {"algorithm": ctx.spec.name, "step": step, "epoch": epoch, "model": model_state,
+             "optimizer": optimizer_state, "rng": rng_state()}
     path = checkpoints.save_checkpoint(state, step, ctx.env.checkpoint_dir)
     ctx.log(f"saved checkpoint {path.name} at step {step}")
 
 
-def fit(ctx: Context, task: Task) -> dict[str, float]:
+class Replicated:
+    """How fit spreads a model over the processes, by default: each holds all of it and DDP
+    averages the gradients (with one process, the model alone). jobs.algorithms.fsdp
+    shards it instead; fit asks only these methods."""
+
+    @property
+    def collective_state(self) -> bool:
+        """model_state/optimizer_state need every rank (they gather shards), not rank 0 alone."""
+        return False
+
+    @property
+    def eval_in_lockstep(self) -> bool:
+        """Every rank must run as many forwards as the others (a sharded forward all-gathers)."""
+        return False
+
+    def prepare(self, model: nn.Module, dist: Distributed) -> nn.Module:
+        """The model whose parameters the optimizer steps."""
+        return model.to(dist.device)
+
+    def wrap(self, model: nn.Module, dist: Distributed) -> nn.Module:
+        """The module the training steps call."""
+        if dist.world_size == 1:
+            return model
+        device_ids = [dist.device.index] if dist.device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+
+    def model_state(self, model: nn.Module) -> dict[str, Any]:
+        """The whole model's state dict, as one unsplit process would have it (rank 0's is
+        the one saved)."""
+        return model.state_dict()
+
+    def optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        return optimizer.state_dict()
+
+    def load(self, model: nn.Module, optimizer: torch.optim.Optimizer, model_state: dict[str, Any],
+             optimizer_state: dict[str, Any]) -> None:
+        model.load_state_dict(model_state)
+        optimizer.load_state_dict(optimizer_state)
+
+
+def fit(ctx: Context, task: Task, strategy: Replicated | None = None) -> dict[str, float]:
     """1. Resume from the newest checkpoint, if any. 2. Train epoch by epoch: each epoch's
     order comes from DistributedSampler(seed, epoch) alone, so a resumed run skips the
     batches already done and sees exactly what an uninterrupted run would. 3. Evaluate
     after each epoch, checkpoint on schedule, stop at max_steps. Returns final metrics."""
     hps, dist = ctx.hps, ctx.dist
-    model = task.model.to(dist.device)
+    strategy = strategy or Replicated()
+    model = strategy.prepare(task.model, dist)
     optimizer = torch.optim.AdamW(model.parameters(), lr=hps["learning_rate"], weight_decay=hps["weight_decay"])
-    step = _resume(ctx, model, optimizer)
-    trained = model
-    if dist.world_size > 1:
-        device_ids = [dist.device.index] if dist.device.type == "cuda" else None
-        trained = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+    step = _resume(ctx, model, optimizer, strategy)
+    trained = strategy.wrap(model, dist)
+    lockstep = strategy.eval_in_lockstep
     sampler: DistributedSampler[int] = DistributedSampler(task.train, num_replicas=dist.world_size, rank=dist.rank,
                                                           shuffle=True, seed=hps["seed"])
     steps_per_epoch = math.ceil(len(sampler) / hps["batch_size"])
@@ -520,11 +585,11 @@ def fit(ctx: Context, task: Task) -> dict[str, float]:
             epoch_done = step % steps_per_epoch == 0
             if epoch_done:
                 if task.validation is not None:
-                    final.update(evaluate(task, model, task.validation, "validation", dist))
+                    final.update(evaluate(task, model, task.validation, "validation", dist, lockstep=lockstep))
                     evaluated_at = step
                 ctx.logger.log({"epoch": step // steps_per_epoch, **_only(final, "validation_")}, step)
             if (every and step % every == 0) or (not every and epoch_done):
-                _save_checkpoint(ctx, model, optimizer, step, step // steps_per_epoch)
+                _save_checkpoint(ctx, model, optimizer, step, step // steps_per_epoch, strategy)
                 checkpointed_at = step
             if step >= last_step:
                 break
@@ -532,12 +597,12 @@ def fit(ctx: Context, task: Task) -> dict[str, float]:
     if step > first_step:
         ctx.log(f"trained steps {first_step + 1}..{step} in {elapsed:.2f}s ({(step - first_step) / max(elapsed, 1e-9):.1f} steps/s)")
     if checkpointed_at != step and step > first_step:
-        _save_checkpoint(ctx, model, optimizer, step, step // steps_per_epoch)
+        _save_checkpoint(ctx, model, optimizer, step, step // steps_per_epoch, strategy)
     if task.validation is not None and evaluated_at != step:
-        final.update(evaluate(task, model, task.validation, "validation", dist))
+        final.update(evaluate(task, model, task.validation, "validation", dist, lockstep=lockstep))
         ctx.logger.log(_only(final, "validation_"), step)
     if task.test is not None:
-        final.update(evaluate(task, model, task.test, "test", dist))
+        final.update(evaluate(task, model, task.test, "test", dist, lockstep=lockstep))
         ctx.logger.log(_only(final, "test_"), step)
     final["step"] = step
     return final
@@ -549,16 +614,18 @@ def _only(metrics: dict[str, float], prefix: str) -> dict[str, float]:
 
 # --- output --------------------------------------------------------------------------------
 def save_model(ctx: Context, model: nn.Module, *, architecture: dict[str, Any], input_schema: dict[str, Any],
-               labels: list[str] | None, metrics: dict[str, float]) -> None:
+               labels: list[str] | None, metrics: dict[str, float], weights: dict[str, torch.Tensor] | None = None) -> None:
     """model/: model.safetensors, config.json (everything predict.py needs to rebuild the
-    model and encode raw records) and labels.json (index → label). Rank 0 only."""
+    model and encode raw records) and labels.json (index → label). Rank 0 only. `weights`,
+    when the model is split over processes: the whole model's state dict, gathered on rank 0."""
     if not ctx.dist.is_main:
         return
     from safetensors.torch import save_file
 
     model_dir = ctx.env.model_dir
     model_dir.mkdir(parents=True, exist_ok=True)
-    weights = {name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()}
+    state = model.state_dict() if weights is None else weights
+    weights = {name: tensor.detach().cpu().contiguous() for name, tensor in state.items()}
     save_file(weights, str(model_dir / "model.safetensors"), metadata={"algorithm": ctx.spec.name})
     config = {
         "algorithm": ctx.spec.name,
@@ -569,6 +636,7 @@ def save_model(ctx: Context, model: nn.Module, *, architecture: dict[str, Any], 
         "input": input_schema,
         "metrics": metrics,
         "world_size": ctx.dist.world_size,
+        "distribution": ctx.distribution,
     }
     (model_dir / "config.json").write_text(json.dumps(config, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     if labels is not None:

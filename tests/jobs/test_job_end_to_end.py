@@ -78,3 +78,45 @@ def test_built_in_algorithms_read_stream_mode_channels(node, make_job, make_vers
                    hyperparameters={"epochs": 1, "image_size": 8})
     job = run_to_end(job, timeout=120)
     assert job.status == JobStatus.COMPLETED, job.failure_reason
+
+
+def test_a_pipeline_char_lm_job_completes_and_reports_its_partition(node, project, owner, make_version):
+    text = "".join(f"the quick brown fox {i % 7} jumps over the lazy dog.\n" for i in range(300))
+    version = make_version({"train.txt": text}, name="fox-text")
+    job = submit_job(project=project, user=owner, data={
+        "name": "pipe", "algorithm": "char-lm", "inputs": {"train": version.pk}, "distribution": "pipeline",
+        "hyperparameters": {"layers": 2, "embedding_dim": 32, "heads": 2, "context_length": 16, "batch_size": 16,
+                            "max_steps": 12, "log_every_steps": 4, "dropout": 0.0},
+        "pipeline": {"stages": 2, "microbatches": 4, "schedule": "1f1b", "partition": "auto"},
+        "resources": {"instance_type": "cpu"},
+    })
+    assert job.processes_per_node == 2
+
+    job = run_to_end(job, timeout=240)
+
+    assert job.status == JobStatus.COMPLETED, job.failure_reason
+    partition = job.details["partition"]
+    assert partition["stages"] == 2 and partition["mode"] == "auto" and partition["schedule"] == "1f1b"
+    assert len(partition["stage_layers"]) == 2 and partition["stage_layers"][0][0] == 0
+    assert partition["stage_layers"][-1][1] == len(partition["layers"]) - 1 == 3
+    assert all(isinstance(ms, (int, float)) for ms in partition["measured_ms"]), "measured at the end of training"
+    log = stored_text(f"{job.output_uri}/logs/rank-0.log")
+    assert "train_loss=" in log
+
+
+def test_an_fsdp_char_lm_job_completes_and_says_what_ran(node, project, owner, make_version):
+    text = "".join(f"pack my box with five dozen liquor jugs {i % 5}.\n" for i in range(200))
+    version = make_version({"train.txt": text}, name="jugs-text")
+    job = submit_job(project=project, user=owner, data={
+        "name": "sharded", "algorithm": "char-lm", "inputs": {"train": version.pk}, "distribution": "fsdp",
+        "hyperparameters": {"layers": 1, "embedding_dim": 32, "heads": 2, "context_length": 16, "batch_size": 16,
+                            "max_steps": 6, "log_every_steps": 3},
+        "resources": {"instance_type": "cpu", "processes_per_node": 2},
+    })
+
+    job = run_to_end(job, timeout=240)
+
+    assert job.status == JobStatus.COMPLETED, job.failure_reason
+    fsdp = job.details["fsdp"]
+    assert fsdp["backend"] == "gloo"
+    assert "fallbacks" in fsdp
