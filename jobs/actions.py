@@ -155,6 +155,13 @@ def check_resources(resources: dict) -> dict:
             f"{per_node} processes per node is more than the {largest['cpus']} CPUs of the largest "
             f"'{instance_type}' node; use at most {largest['cpus']}."
         )})
+    gpus = largest["gpus"] or 0
+    if gpus and per_node > gpus:
+        # On a CUDA node each rank takes its own GPU (NCCL refuses two ranks on one device).
+        raise JobError({"resources.processes_per_node": (
+            f"{per_node} processes per node on '{instance_type}' nodes with {gpus} GPU(s): NCCL runs one process per "
+            f"GPU; use at most {gpus} (or more nodes)."
+        )})
     return {**resources, "instance_type": instance_type, "processes_per_node": per_node}
 
 

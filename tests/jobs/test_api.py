@@ -266,3 +266,15 @@ def test_a_new_job_starts_without_stale_live_events(owner, client_for, ready_ver
         assert redis_client().xlen(key(EVENTS_STREAM, job_id)) == 0
     finally:
         redis_client().delete(*(key(EVENTS_STREAM, i) for i in candidates))
+
+
+def test_more_processes_than_gpus_on_a_gpu_node_type_is_refused(owner, client_for, ready_version):
+    Node.objects.create(name="g1", hostname="h", queue="node.g1", instance_type="gpu", cpus=32, gpus=2)
+    response = submit(client_for(owner), job_body(ready_version.pk, resources={"instance_type": "gpu",
+                                                                               "processes_per_node": 4}))
+    assert response.status_code == 400, response.content
+    assert "NCCL runs one process per GPU; use at most 2" in response.json()["error"]["fields"][
+        "resources.processes_per_node"][0]
+    defaulted = submit(client_for(owner), job_body(ready_version.pk, resources={"instance_type": "gpu"}))
+    assert defaulted.status_code == 201, defaulted.content
+    assert defaulted.json()["resources"]["processes_per_node"] == 2, "one process per GPU by default"
