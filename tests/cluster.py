@@ -150,7 +150,60 @@ def start_cluster(isolated_storage, base: Path) -> Cluster:
     return cluster
 
 
+def wait_job(cluster: Cluster, *jobs, statuses=None, timeout: float = 90):
+    """Wait until every job reaches one of `statuses` (default: a finished one); on a
+    timeout fail with the jobs' timelines and the tail of every process's log."""
+    from jobs.models import FINISHED_STATUSES
+
+    wanted = set(statuses or FINISHED_STATUSES)
+
+    def reached():
+        for job in jobs:
+            job.refresh_from_db()
+        return all(job.status in wanted for job in jobs)
+
+    try:
+        wait_for(reached, timeout=timeout, interval=0.25, message=f"jobs {[j.pk for j in jobs]} to reach {wanted}")
+    except AssertionError:
+        timelines = {job.pk: (job.status, job.failure_reason, list(job.events.values_list("status", "message")))
+                     for job in jobs}
+        raise AssertionError(f"{timelines}\n{dump(cluster)}") from None
+    return jobs[0] if len(jobs) == 1 else jobs
+
+
 def dump(cluster: Cluster) -> str:
     """The tail of every log, for a failing assertion."""
     return "\n".join(f"--- {part.name} ---\n{part.log()[-3000:]}" for part in (cluster.control, cluster.flusher,
                                                                               *cluster.nodes))
+
+
+# --- fixtures: imported by the conftest of each package that uses the cluster ----------------
+@pytest.fixture(scope="package")
+def cluster_processes(django_db_setup, isolated_storage, tmp_path_factory):
+    """Redis, control worker, flusher and three "sim" node workers, started once per test
+    package that imports this fixture and stopped after its last test: the cluster's
+    control worker schedules every Pending job of the test database and sweeps every
+    node, so it must not run while other tests place jobs on the session's node worker."""
+    cluster = start_cluster(isolated_storage, tmp_path_factory.mktemp("cluster"))
+    try:
+        yield cluster
+    finally:
+        cluster.shutdown()
+
+
+@pytest.fixture
+def cluster(cluster_processes, transactional_db):
+    """The cluster with its nodes registered in this test's database; afterwards anything
+    a test killed is started again and no job of the test is left running."""
+    from jobs.models import FINISHED_STATUSES, JobStatus, Node, NodeState, TrainingJob
+    from jobs.transitions import transition
+
+    cluster_processes.heal()
+    cluster_processes.register_nodes()
+    yield cluster_processes
+    for job in TrainingJob.objects.exclude(status__in=FINISHED_STATUSES):
+        if not transition(job.pk, JobStatus.STOPPING, from_statuses=[JobStatus.STARTING, JobStatus.TRAINING]):
+            transition(job.pk, JobStatus.STOPPED, from_statuses=[JobStatus.PENDING])
+    wait_for(lambda: not Node.objects.filter(state=NodeState.BUSY).exists(), timeout=60,
+             message="the cluster's nodes to be released")
+    cluster_processes.heal()

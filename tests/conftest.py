@@ -197,34 +197,3 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.2, message: s
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {message}")
-
-
-# --- a simulated multi-node studio (tests/cluster.py) -----------------------------------------
-@pytest.fixture(scope="session")
-def cluster_processes(django_db_setup, isolated_storage, tmp_path_factory):
-    """Redis, control worker, flusher and three "sim" node workers, started once."""
-    from tests.cluster import start_cluster
-
-    cluster = start_cluster(isolated_storage, tmp_path_factory.mktemp("cluster"))
-    try:
-        yield cluster
-    finally:
-        cluster.shutdown()
-
-
-@pytest.fixture
-def cluster(cluster_processes, transactional_db):
-    """The cluster with its nodes registered in this test's database; afterwards anything
-    a test killed is started again and no job of the test is left running."""
-    from jobs.models import FINISHED_STATUSES, JobStatus, Node, NodeState, TrainingJob
-    from jobs.transitions import transition
-
-    cluster_processes.heal()
-    cluster_processes.register_nodes()
-    yield cluster_processes
-    for job in TrainingJob.objects.exclude(status__in=FINISHED_STATUSES):
-        if not transition(job.pk, JobStatus.STOPPING, from_statuses=[JobStatus.STARTING, JobStatus.TRAINING]):
-            transition(job.pk, JobStatus.STOPPED, from_statuses=[JobStatus.PENDING])
-    wait_for(lambda: not Node.objects.filter(state=NodeState.BUSY).exists(), timeout=60,
-             message="the cluster's nodes to be released")
-    cluster_processes.heal()

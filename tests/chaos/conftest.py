@@ -10,7 +10,7 @@ import pytest
 
 from datasets.storage import default_store, object_uri
 from jobs.models import JobEvent, JobStatus, TrainingJob
-from tests.cluster import INSTANCE_TYPE
+from tests.cluster import INSTANCE_TYPE, cluster, cluster_processes  # noqa: F401 - package-scoped here: the cluster runs for this package only
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 JOB_SCRIPTS = Path(__file__).resolve().parents[1] / "jobs" / "scripts"

@@ -14,23 +14,14 @@ import pytest
 
 from datasets.storage import store_for
 from jobs.models import FINISHED_STATUSES, JobAttempt, JobStatus, MetricPoint, TrainingJob
-from tests.cluster import LOST_SECONDS, dump
+from tests.cluster import LOST_SECONDS, wait_job
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.slow
 
 
 def _wait(cluster, job: TrainingJob, *statuses: str, timeout: float = 90) -> TrainingJob:
-    def reached():
-        job.refresh_from_db()
-        return job.status in statuses
-
-    try:
-        wait_for(reached, timeout=timeout, interval=0.25, message=f"job {job.pk} to reach {'/'.join(statuses)}")
-    except AssertionError:
-        raise AssertionError(f"job {job.pk} is {job.status} ({job.failure_reason}); timeline: "
-                             f"{list(job.events.values_list('status', 'message'))}\n{dump(cluster)}") from None
-    return job
+    return wait_job(cluster, job, statuses=statuses, timeout=timeout)
 
 
 def _points(job: TrainingJob, name: str = "loss") -> list[int]:

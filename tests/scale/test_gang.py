@@ -5,23 +5,15 @@ from __future__ import annotations
 import pytest
 
 from datasets.storage import store_for
-from jobs.models import FINISHED_STATUSES, JobAttempt, JobStatus, TrainingJob
-from tests.cluster import dump
+from jobs.models import JobAttempt, JobStatus, TrainingJob
+from tests.cluster import wait_job
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.slow
 
 
 def _finish(cluster, *jobs: TrainingJob, timeout: float = 150) -> None:
-    def done():
-        for job in jobs:
-            job.refresh_from_db()
-        return all(job.status in FINISHED_STATUSES for job in jobs)
-
-    try:
-        wait_for(done, timeout=timeout, interval=0.25, message="the jobs to finish")
-    except AssertionError:
-        raise AssertionError(f"{[(j.pk, j.status, j.waiting_reason) for j in jobs]}\n{dump(cluster)}") from None
+    wait_job(cluster, *jobs, timeout=timeout)
 
 
 def _text(uri: str) -> str:
@@ -55,7 +47,8 @@ def test_two_two_node_jobs_on_three_nodes_run_one_after_the_other(cluster, submi
     assert shared, "two 2-node gangs on three nodes share at least one node"
     for x in shared:
         assert first_on[x.node_id].finished_at <= x.started_at
-    assert min(x.started_at for x in b) >= min(x.finished_at for x in a)
+    timeline = [(x.job_id, x.node.name, x.started_at.time(), x.finished_at.time()) for x in a + b]
+    assert min(x.started_at for x in b) >= min(x.finished_at for x in a), timeline
 
 
 def test_a_job_asking_for_more_nodes_than_registered_says_why(cluster, submit):

@@ -11,22 +11,15 @@ import pytest
 from django.utils import timezone
 
 from datasets.storage import store_for
-from jobs.models import FINISHED_STATUSES, JobAttempt, JobStatus, Node, NodeState, TrainingJob
-from tests.cluster import HEARTBEAT_SECONDS, dump
+from jobs.models import JobAttempt, JobStatus, Node, NodeState, TrainingJob
+from tests.cluster import HEARTBEAT_SECONDS, wait_job
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.slow
 
 
 def _run(cluster, job: TrainingJob, timeout: float = 90) -> TrainingJob:
-    def done():
-        job.refresh_from_db()
-        return job.status in FINISHED_STATUSES
-
-    try:
-        wait_for(done, timeout=timeout, interval=0.2, message=f"job {job.pk} to finish")
-    except AssertionError:
-        raise AssertionError(f"{job.status} {list(job.events.values_list('message', flat=True))}\n{dump(cluster)}") from None
+    job = wait_job(cluster, job, timeout=timeout)
     assert job.status == JobStatus.COMPLETED, job.failure_reason
     return job
 
