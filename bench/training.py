@@ -21,10 +21,8 @@ import argparse
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -72,31 +70,18 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="runs of each kind, interleaved; the best of each is compared")
     args = parser.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="trainyard-bench-training-"))
-    os.environ["STUDIO_DATA_DIR"] = str(work / "studio")
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "studio.settings")
-    os.environ.pop("DATABASE_URL", None)  # a private SQLite studio: nothing else is touched
-    redis = None
-    if not os.environ.get("REDIS_URL"):
-        from studio.embedded_redis import EmbeddedRedis
+    from studio_setup import PrivateStudio
 
-        redis = EmbeddedRedis(work / "redis")
-        os.environ["REDIS_URL"] = redis.start()
-
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
+    studio = PrivateStudio("trainyard-bench-training-")
+    work = studio.work
     from datasets.actions import VersionOptions, register_local_files
     from datasets.demo import write_tabular
     from datasets.validation_run import run_validation
     from jobs.actions import submit_job
-    from jobs.models import Node, TrainingJob
+    from jobs.models import TrainingJob
     from jobs.scheduling import schedule_jobs
     from studio import actions
 
-    call_command("migrate", verbosity=0)
     data_dir = work / "data"
     data_dir.mkdir()
     data = write_tabular(data_dir)
@@ -109,15 +94,8 @@ def main() -> int:
                                       options=VersionOptions())
     assert run_validation(version.pk) == "ready"
 
-    node_log = open(work / "node.log", "wb")  # noqa: SIM115 - closed at the end
-    node = subprocess.Popen([sys.executable, "manage.py", "studio", "worker", "--queue", "cpu", "--name", "bench-node"],
-                            cwd=ROOT, env=os.environ.copy(), stdout=node_log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.monotonic() + 60
-        while not Node.objects.filter(name="bench-node", state="idle").exists():
-            if time.monotonic() > deadline or node.poll() is not None:
-                raise RuntimeError(f"the node did not register:\n{(work / 'node.log').read_text()[-3000:]}")
-            time.sleep(0.2)
+        studio.start_node("bench-node")
         jobs_runs: list[tuple[float, dict]] = []
         for i in range(args.repeat):
             # Interleaved with the job runs, so a drift in the machine's load hits both alike.
@@ -147,11 +125,7 @@ def main() -> int:
                 "completed": events.get("Completed", submitted) - submitted,
             }))
     finally:
-        os.killpg(node.pid, signal.SIGTERM)
-        node.wait(30)
-        node_log.close()
-        if redis:
-            redis.stop()
+        studio.close()
 
     best_bare, best_job = max(bare), max(r[0] for r in jobs_runs)
     cold = jobs_runs[0][1]

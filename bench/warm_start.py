@@ -22,11 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -40,22 +37,10 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="trainyard-bench-warm-"))
-    os.environ["STUDIO_DATA_DIR"] = str(work / "studio")
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "studio.settings")
-    os.environ.pop("DATABASE_URL", None)
-    os.environ["STUDIO_NODE_HEARTBEAT_SECONDS"] = "1"
-    redis = None
-    if not os.environ.get("REDIS_URL"):
-        from studio.embedded_redis import EmbeddedRedis
+    from studio_setup import PrivateStudio
 
-        redis = EmbeddedRedis(work / "redis")
-        os.environ["REDIS_URL"] = redis.start()
-
-    import django
-
-    django.setup()
-    from django.core.management import call_command
+    studio = PrivateStudio("trainyard-bench-warm-", {"STUDIO_NODE_HEARTBEAT_SECONDS": "1"})
+    work = studio.work
     from django.utils import timezone
 
     from datasets.actions import VersionOptions, register_local_files
@@ -66,7 +51,6 @@ def main() -> int:
     from jobs.scheduling import schedule_jobs
     from studio import actions
 
-    call_command("migrate", verbosity=0)
     data_dir = work / "data"
     data_dir.mkdir()
     data = write_tabular(data_dir)
@@ -75,11 +59,6 @@ def main() -> int:
     version, _ = register_local_files(project=project, name="tabular", description="", user=user,
                                       files=dict(data.items()), options=VersionOptions())
     assert run_validation(version.pk) == "ready"
-
-    node_log = open(work / "node.log", "wb")  # noqa: SIM115 - closed at the end
-    node = subprocess.Popen([sys.executable, "manage.py", "studio", "worker", "--queue", "cpu", "--name", "bench-node"],
-                            cwd=ROOT, env=os.environ.copy(), stdout=node_log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
 
     def run(name: str) -> tuple[float, str]:
         submitted = time.time()
@@ -108,11 +87,7 @@ def main() -> int:
     cold: list[float] = []
     warm: list[float] = []
     try:
-        deadline = time.monotonic() + 60
-        while not Node.objects.filter(name="bench-node", state="idle").exists():
-            if time.monotonic() > deadline or node.poll() is not None:
-                raise RuntimeError(f"the node did not register:\n{(work / 'node.log').read_text()[-3000:]}")
-            time.sleep(0.2)
+        studio.start_node("bench-node")
         for i in range(args.repeat):
             seconds, pool = run(f"cold-{i}")
             assert not pool, "the first job of a round starts cold"
@@ -129,11 +104,7 @@ def main() -> int:
             schedule_jobs()  # expires the pool; the node's heartbeat closes its fork server
             time.sleep(3)
     finally:
-        os.killpg(node.pid, signal.SIGTERM)
-        node.wait(30)
-        node_log.close()
-        if redis:
-            redis.stop()
+        studio.close()
 
     cold_median, warm_median = statistics.median(cold), statistics.median(warm)
     print("submit → first training step (tabular-classifier on demo-tabular, seconds)")

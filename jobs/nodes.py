@@ -22,6 +22,7 @@ from django.db import close_old_connections, connection
 from django.utils import timezone
 
 from jobs.models import Node, NodeState
+from studio.version import node_software
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ def register_node(*, name: str, instance_type: str = "cpu", hostname: str | None
             "cpus": resources.cpus,
             "memory_bytes": resources.memory_bytes,
             "gpus": resources.gpus,
+            "version": node_software(),
             "pid": pid if pid is not None else os.getpid(),
             "state": NodeState.IDLE,
             # A fresh process runs nothing and holds no warm pool.

@@ -165,11 +165,13 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer", "rest_framework.renderers.BrowsableAPIRenderer"],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
+from studio.version import VERSION  # noqa: E402 - beside the setting that uses it
+
 SPECTACULAR_SETTINGS = {
     "TITLE": "Trainyard API",
     "DESCRIPTION": "Datasets, training jobs, tuning, models and human review. "
     "Authenticate with `Authorization: Bearer <token>` (POST /api/v1/tokens/ to get one).",
-    "VERSION": "1.0.0",
+    "VERSION": VERSION,
     "SERVE_INCLUDE_SCHEMA": False,
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",

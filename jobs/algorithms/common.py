@@ -533,6 +533,21 @@ class Replicated:
         optimizer.load_state_dict(optimizer_state)
 
 
+def plan_steps(ctx: Context, task: Task, step: int, *, replicas: int,
+               rank: int) -> tuple[DistributedSampler[int], int, int]:
+    """(sampler, steps per epoch, last step) of a run over task.train: the order comes from
+    DistributedSampler(seed, epoch) alone; epochs and max_steps bound the run. Logs the plan."""
+    hps = ctx.hps
+    sampler: DistributedSampler[int] = DistributedSampler(task.train, num_replicas=replicas, rank=rank, shuffle=True,
+                                                          seed=hps["seed"])
+    steps_per_epoch = math.ceil(len(sampler) / hps["batch_size"])
+    last_step = hps["epochs"] * steps_per_epoch
+    if hps["max_steps"]:
+        last_step = min(last_step, hps["max_steps"])
+    ctx.log(f"training {len(task.train)} records, {steps_per_epoch} steps per epoch, steps {step + 1}..{last_step}")
+    return sampler, steps_per_epoch, last_step
+
+
 def fit(ctx: Context, task: Task, strategy: Replicated | None = None) -> dict[str, float]:
     """1. Resume from the newest checkpoint, if any. 2. Train epoch by epoch: each epoch's
     order comes from DistributedSampler(seed, epoch) alone, so a resumed run skips the
@@ -545,14 +560,8 @@ def fit(ctx: Context, task: Task, strategy: Replicated | None = None) -> dict[st
     step = _resume(ctx, model, optimizer, strategy)
     trained = strategy.wrap(model, dist)
     lockstep = strategy.eval_in_lockstep
-    sampler: DistributedSampler[int] = DistributedSampler(task.train, num_replicas=dist.world_size, rank=dist.rank,
-                                                          shuffle=True, seed=hps["seed"])
-    steps_per_epoch = math.ceil(len(sampler) / hps["batch_size"])
-    last_step = hps["epochs"] * steps_per_epoch
-    if hps["max_steps"]:
-        last_step = min(last_step, hps["max_steps"])
+    sampler, steps_per_epoch, last_step = plan_steps(ctx, task, step, replicas=dist.world_size, rank=dist.rank)
     every = ctx.env.checkpoint_every_steps
-    ctx.log(f"training {len(task.train)} records, {steps_per_epoch} steps per epoch, steps {step + 1}..{last_step}")
     final: dict[str, float] = {}
     evaluated_at = checkpointed_at = -1
     loss_total: torch.Tensor | float = 0.0

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
+from torch.utils.data import BatchSampler, DataLoader
 
 from jobs.algorithms import common
 from jobs.algorithms.base import DataError
@@ -444,14 +444,8 @@ def fit(ctx: common.Context, task: common.Task, layers: list[nn.Module],
         ctx.log(f"resumed from checkpoint step {step}")
 
     # 3. The loop of common.fit, over the batches a one-process run sees.
-    sampler: DistributedSampler[int] = DistributedSampler(task.train, num_replicas=1, rank=0, shuffle=True,
-                                                          seed=hps["seed"])
-    steps_per_epoch = math.ceil(len(sampler) / hps["batch_size"])
-    last_step = hps["epochs"] * steps_per_epoch
-    if hps["max_steps"]:
-        last_step = min(last_step, hps["max_steps"])
+    sampler, steps_per_epoch, last_step = common.plan_steps(ctx, task, step, replicas=1, rank=0)
     every = ctx.env.checkpoint_every_steps
-    ctx.log(f"training {len(task.train)} records, {steps_per_epoch} steps per epoch, steps {step + 1}..{last_step}")
     final: dict[str, float] = {}
     evaluated_at = checkpointed_at = -1
     loss_total, loss_count = 0.0, 0
