@@ -72,6 +72,7 @@ def register_node(*, name: str, instance_type: str = "cpu", hostname: str | None
     process runs nothing yet."""
     resources = resources or machine_resources()
     now = timezone.now()
+    previous = Node.objects.filter(name=name).values("pid", "current_job_id", "current_job__attempt").first()
     node, _ = Node.objects.update_or_create(
         name=name,
         defaults={
@@ -95,6 +96,13 @@ def register_node(*, name: str, instance_type: str = "cpu", hostname: str | None
             "last_heartbeat": now,
         },
     )
+    if previous and previous["current_job_id"]:
+        # The node's previous process died with a job (a crash, kill -9, a reboot): that
+        # attempt is over. End it now rather than when its lease runs out.
+        from jobs.recovery import end_attempt
+
+        end_attempt(previous["current_job_id"], previous["current_job__attempt"], lost_nodes=[name],
+                    cause=f"node {name} restarted: its previous worker process (pid {previous['pid']}) died mid-job")
     return node
 
 

@@ -137,6 +137,20 @@ class Supervisor:
             child.pump.start()
         return started
 
+    def restart(self, child: Child) -> Child:
+        """Start a dead child again with the same spec, in its place. Pump threads exist
+        by now; the preexec hook only calls prctl and getppid, resolved beforehand, so it
+        takes no lock a thread could hold across the fork."""
+        process = subprocess.Popen(
+            child.spec.argv, cwd=child.spec.cwd, env=child.spec.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent_hook(),  # noqa: PLW1509
+        )
+        fresh = Child(spec=child.spec, process=process)
+        self.children[self.children.index(child)] = fresh
+        fresh.pump = threading.Thread(target=self._pump, args=(fresh,), name=f"output-{fresh.name}", daemon=True)
+        fresh.pump.start()
+        return fresh
+
     def exited(self) -> Child | None:
         """The first child whose main process has ended, if any."""
         for child in self.children:

@@ -131,3 +131,23 @@ def test_a_stopping_job_whose_node_is_lost_ends_stopped(make_job):
     TrainingJob.objects.filter(pk=job.pk).update(status=JobStatus.STOPPING, retries=3)
     assert end_attempt(job.pk, 1, cause="node x was lost") == "stopped"
     assert _reload(job).status == JobStatus.STOPPED
+
+
+def test_a_node_that_restarts_mid_job_ends_the_attempt_at_once(make_job):
+    from jobs.nodes import register_node
+
+    node = _node()
+    job = _job(make_job)
+    TrainingJob.objects.filter(pk=job.pk).update(retries=2)
+    schedule_jobs()
+    TrainingJob.objects.filter(pk=job.pk).update(status=JobStatus.TRAINING)
+
+    register_node(name=node.name, instance_type="cpu", pid=2)  # a new worker process under the same name
+
+    job = _reload(job)
+    assert (job.status, job.attempt) == (JobStatus.PENDING, 1)
+    assert f"node {node.name} restarted" in job.waiting_reason
+    assert JobAttempt.objects.get(job=job, attempt=1).outcome == "lost"
+    node.refresh_from_db()
+    assert (node.state, node.current_job) == (NodeState.IDLE, None)
+    assert schedule_jobs() == [job.pk], "the restarted node takes the retry"

@@ -18,6 +18,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -39,6 +40,10 @@ DEMO_PROJECT = "demo"
 DEMO_ADMIN = "admin"
 HEALTH_TIMEOUT_SECONDS = 120
 STOP_GRACE_SECONDS = 15
+# A child that dies once the studio runs is restarted after a pause, a few times at most.
+RESTART_DELAY_SECONDS = 2
+RESTARTS_PER_CHILD = 5
+RESTART_WINDOW_SECONDS = 300
 
 
 class Command(BaseCommand):
@@ -149,7 +154,7 @@ class Command(BaseCommand):
             if outcome == "ready":
                 self._banner(supervisor, host=host, port=port, data_dir=data_dir, admin=admin, redis_url=redis_url,
                              embedded=redis is not None, nodes=nodes)
-                outcome = supervisor.watch(stop)
+                outcome = self._keep_running(supervisor, stop)
             return self._shut_down(supervisor, outcome, health_url)
         except KeyboardInterrupt:
             # Ctrl-C before any child existed: nothing to stop but Redis (finally).
@@ -162,6 +167,30 @@ class Command(BaseCommand):
                 redis.stop()
             for restored, handler in previous_handlers.items():
                 signal.signal(restored, handler)
+
+    def _keep_running(self, supervisor: Supervisor, stop: threading.Event) -> str:
+        """Once the studio is up, a child that dies is started again (a killed node
+        worker is a machine that rebooted: its job retries elsewhere, SPEC §3), at most
+        RESTARTS_PER_CHILD times in RESTART_WINDOW_SECONDS; then the studio stops."""
+        recent: dict[str, list[float]] = {}
+        while True:
+            outcome = supervisor.watch(stop)
+            if outcome != "exited":
+                return outcome
+            dead = supervisor.exited()
+            assert dead is not None
+            now = time.monotonic()
+            times = [t for t in recent.get(dead.name, []) if now - t < RESTART_WINDOW_SECONDS]
+            if len(times) >= RESTARTS_PER_CHILD:
+                supervisor.say(f"\n{dead.name} exited {len(times) + 1} times within {RESTART_WINDOW_SECONDS} s; "
+                               "not restarting it again.")
+                return outcome
+            recent[dead.name] = [*times, now]
+            supervisor.say(f"\n{dead.name} exited unexpectedly with code {dead.process.returncode}; restarting it in "
+                           f"{RESTART_DELAY_SECONDS} s (its output is above).")
+            if stop.wait(RESTART_DELAY_SECONDS):
+                return "stop"
+            supervisor.restart(dead)
 
     def _shut_down(self, supervisor: Supervisor, outcome: str, health_url: str) -> int:
         code = 0
