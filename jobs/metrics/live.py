@@ -120,6 +120,17 @@ def job_status(job_id: int) -> dict[str, Any] | None:
     return row
 
 
+def _status_between_reads(job_id: int) -> dict[str, Any] | None:
+    """job_status, then the thread's database connection is closed: a stream spends
+    minutes blocked on Redis, and a connection held that long per open page would count
+    against the database's connection limit (and keep test databases from being dropped)."""
+    try:
+        return job_status(job_id)
+    finally:
+        if not connection.in_atomic_block:
+            connection.close()
+
+
 FORMATTERS = {"status": status_data, "metric": metric_data, "log": log_data, "system": system_data}
 
 
@@ -137,7 +148,7 @@ def event_stream(redis: Any, job_id: int, positions: list[str], *, resumed: bool
     last_write = started
     last_status_check = started
     yield f"retry: {RETRY_MS}\n\n".encode()
-    status = job_status(job_id)
+    status = _status_between_reads(job_id)
     if status is None:
         return
     finishing = status["finished"]
@@ -165,14 +176,14 @@ def event_stream(redis: Any, job_id: int, positions: list[str], *, resumed: bool
                 last_write = now
                 yield b": keep-alive\n\n"
             if finishing and not reply:
-                status = job_status(job_id)
+                status = _status_between_reads(job_id)
                 if status is not None:
                     yield sse("status", encode_positions(positions), json.dumps({**status, "final": True}, default=str))
                 return
             if not finishing and now - last_status_check >= STATUS_POLL_SECONDS:
                 last_status_check = now
                 # The database decides "finished" (the status event on Redis is best effort).
-                status = job_status(job_id)
+                status = _status_between_reads(job_id)
                 if status is None:
                     return
                 finishing = status["finished"]
