@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from datasets.models import DatasetVersion, VersionStatus
 from datasets.storage import StorageError, object_uri, split_uri, store_for
-from jobs.models import JobEvent, JobInput, JobStatus, Node, TrainingJob
+from jobs.models import STOP_REQUESTED, JobEvent, JobInput, JobStatus, Node, TrainingJob
 from jobs.transitions import transition
 from studio.models import Project
 
@@ -176,10 +176,23 @@ def check_checkpoint_uri(uri: str) -> None:
         raise JobError({"checkpoint.uri": str(exc)}) from exc
 
 
-def submit_job(*, project: Project, user, data: dict) -> TrainingJob:
-    """1. Resolve and check everything (inputs, algorithm schema or script, resources).
-    2. Create the job (Pending) with its inputs and first timeline entry, in one transaction.
-    3. On commit, ask the scheduler to look at the queue."""
+@dataclass(frozen=True)
+class CheckedSubmission:
+    """A submission that passed every check: what submit_job writes."""
+
+    inputs: list[ResolvedInput]
+    hyperparameters: dict
+    script: dict | None
+    distribution: str
+    pipeline: dict
+    resources: dict
+    checkpoint: dict
+
+
+def check_submission(project: Project, data: dict) -> CheckedSubmission:
+    """Every check of a submission that needs the database (inputs, the algorithm's schema
+    or the script, resources, distribution, checkpoint URI); JobError names the bad field.
+    Writes nothing, so a tuning job can check its base job before creating any trial."""
     inputs = resolve_inputs(project, data.get("inputs") or {})
     hyperparameters = data.get("hyperparameters") or {}
     script = data.get("script") or None
@@ -198,11 +211,21 @@ def submit_job(*, project: Project, user, data: dict) -> TrainingJob:
     check_distribution(data.get("algorithm") or "", distribution, pipeline, hyperparameters, resources)
     checkpoint = data.get("checkpoint") or {}
     check_checkpoint_uri(checkpoint.get("uri", ""))
+    return CheckedSubmission(inputs=inputs, hyperparameters=hyperparameters, script=script, distribution=distribution,
+                             pipeline=pipeline, resources=resources, checkpoint=checkpoint)
+
+
+def submit_job(*, project: Project, user, data: dict) -> TrainingJob:
+    """1. Resolve and check everything (check_submission).
+    2. Create the job (Pending) with its inputs and first timeline entry, in one transaction.
+    3. On commit, ask the scheduler to look at the queue."""
+    checked = check_submission(project, data)
+    script, pipeline, checkpoint = checked.script, checked.pipeline, checked.checkpoint
     with transaction.atomic():
         job = TrainingJob.objects.create(
             project=project, name=data["name"], algorithm=data.get("algorithm") or "",
             script_uri=script["uri"] if script else "", entry_point=(script or {}).get("entry_point") or "",
-            hyperparameters=hyperparameters, resources=resources, distribution=distribution,
+            hyperparameters=checked.hyperparameters, resources=checked.resources, distribution=checked.distribution,
             pipeline={k: v for k, v in pipeline.items() if v is not None}, priority=data.get("priority") or 0,
             stopping={k: v for k, v in (data.get("stopping") or {}).items() if v is not None},
             checkpoint={k: v for k, v in checkpoint.items() if v not in (None, "")},
@@ -215,7 +238,8 @@ def submit_job(*, project: Project, user, data: dict) -> TrainingJob:
             # A retry resumes from the last checkpoint: keep them beside the job's outputs.
             job.checkpoint = {**job.checkpoint, "uri": f"{job.output_uri}/checkpoints"}
         job.save(update_fields=["output_uri", "checkpoint"])
-        JobInput.objects.bulk_create([JobInput(job=job, channel=i.channel, dataset_version=i.version, mode=i.mode) for i in inputs])
+        JobInput.objects.bulk_create([JobInput(job=job, channel=i.channel, dataset_version=i.version, mode=i.mode)
+                                      for i in checked.inputs])
         JobEvent.objects.create(job=job, status=JobStatus.PENDING, message="Submitted")
         _clear_live_streams(job.pk)
         transaction.on_commit(_schedule_soon)
@@ -248,15 +272,16 @@ class NotStoppable(Exception):
     pass
 
 
-def stop_job(job: TrainingJob) -> TrainingJob:
+def stop_job(job: TrainingJob, *, reason: str = STOP_REQUESTED, message: str = "") -> TrainingJob:
     """A pending job stops at once; a starting or training one is asked to stop (Stopping)
-    and its node agent ends it (SIGTERM, grace, SIGKILL) and records Stopped."""
-    if transition(job.pk, JobStatus.STOPPED, from_statuses=[JobStatus.PENDING], message="Stopped before it started",
-                  stop_reason="StopRequested"):
+    and its node agent ends it (SIGTERM, grace, SIGKILL) and records Stopped — keeping
+    `reason` as the job's stop_reason (EarlyStopped when a tuning job's pruner asks)."""
+    if transition(job.pk, JobStatus.STOPPED, from_statuses=[JobStatus.PENDING],
+                  message=message or "Stopped before it started", stop_reason=reason):
         job.refresh_from_db()
         return job
     if not transition(job.pk, JobStatus.STOPPING, from_statuses=[JobStatus.STARTING, JobStatus.TRAINING],
-                      message="Stop requested", stop_requested_at=timezone.now(), stop_reason="StopRequested"):
+                      message=message or "Stop requested", stop_requested_at=timezone.now(), stop_reason=reason):
         job.refresh_from_db()
         if job.status == JobStatus.STOPPING:
             return job  # asked twice: the first request is still being carried out

@@ -22,6 +22,10 @@ class JobStatus(models.TextChoices):
 
 
 FINISHED_STATUSES = frozenset({JobStatus.COMPLETED, JobStatus.STOPPED, JobStatus.FAILED})
+# stop_reason values: a person (or a search that ended) asked; a tuning job's pruner stopped a
+# trial that was doing worse than its peers.
+STOP_REQUESTED = "StopRequested"
+EARLY_STOPPED = "EarlyStopped"
 
 
 class TrainingJobQuerySet(models.QuerySet["TrainingJob"]):
@@ -86,6 +90,16 @@ class TrainingJob(models.Model):
     details = models.JSONField(default=dict, blank=True)
     # The warm pool the current attempt started in ("" = a cold start).
     warm_pool = models.CharField(max_length=64, blank=True)
+    # A trial of a hyperparameter search (tuning.engine): its number within the search, the
+    # tuned values only, the objective's last value once it ended, and the objective's
+    # {step: value} series the pruner saw (frozen at the step where it was pruned).
+    # No index of its own: the unique (tuning_job, trial_number) index serves lookups by search.
+    tuning_job = models.ForeignKey("tuning.TuningJob", null=True, blank=True, on_delete=models.CASCADE,
+                                   related_name="trials", db_index=False)
+    trial_number = models.PositiveIntegerField(null=True, blank=True)
+    trial_params = models.JSONField(default=dict, blank=True)
+    objective_value = models.FloatField(null=True, blank=True)
+    intermediate_values = models.JSONField(default=dict, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(default=timezone.now)
 
@@ -98,12 +112,20 @@ class TrainingJob(models.Model):
             models.Index(fields=["status", "created_at"], name="job_status_created"),
             models.Index(fields=["status", "-priority", "created_at"], name="job_status_priority_created"),
         ]
+        constraints = [
+            # Two engine ticks racing can never create the same trial twice; also the read
+            # path of a search's trials in order.
+            models.UniqueConstraint(fields=["tuning_job", "trial_number"], name="one_job_per_trial_number"),
+        ]
 
     def __str__(self) -> str:
         return self.name
 
     def is_finished(self) -> bool:
         return self.status in FINISHED_STATUSES
+
+    def was_early_stopped(self) -> bool:
+        return self.status == JobStatus.STOPPED and self.stop_reason == EARLY_STOPPED
 
     @property
     def instance_type(self) -> str:

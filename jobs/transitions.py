@@ -8,12 +8,18 @@ import logging
 from collections.abc import Iterable
 
 from django.db import transaction
+from django.dispatch import Signal
 from django.utils import timezone
 
 from jobs.models import FINISHED_STATUSES, JobEvent, JobStatus, TrainingJob
 from trainyard.protocol import EVENT_STREAM_MAXLEN, EVENTS_STREAM, key
 
 log = logging.getLogger(__name__)
+
+# Sent after the commit that finished a job (Completed, Stopped or Failed), with `job_id`:
+# a hyperparameter search reacts to its trial's end at once (tuning.apps) instead of at
+# its next periodic tick.
+job_finished = Signal()
 
 
 def transition(job_id: int, to_status: str, *, from_statuses: Iterable[str] | None = None, message: str = "",
@@ -34,7 +40,16 @@ def transition(job_id: int, to_status: str, *, from_statuses: Iterable[str] | No
         attempt = TrainingJob.objects.filter(pk=job_id).values_list("attempt", flat=True).first() or 0
         JobEvent.objects.create(job_id=job_id, status=to_status, at=now, message=message, attempt=attempt)
     transaction.on_commit(lambda: announce(job_id, to_status, now.isoformat(), message))
+    if to_status in FINISHED_STATUSES:
+        transaction.on_commit(lambda: _announce_finished(job_id))
     return True
+
+
+def _announce_finished(job_id: int) -> None:
+    try:
+        job_finished.send(sender=TrainingJob, job_id=job_id)
+    except Exception:  # noqa: BLE001 - a listener's trouble must not fail a status change
+        log.warning("a job_finished listener failed for job %s", job_id, exc_info=True)
 
 
 def note(job_id: int, message: str) -> None:

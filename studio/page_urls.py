@@ -17,7 +17,7 @@ urlpatterns = [
     path("datasets/versions/<int:pk>/delete/", dataset_views.version_delete, name="dataset-version-delete"),
     path("datasets/versions/<int:pk>/files/<path:path>", dataset_views.version_file, name="dataset-file"),
     path("jobs/", include("jobs.page_urls")),
-    path("tuning/", views.tuning, name="tuning"),
+    path("tuning/", include("tuning.page_urls")),
     path("models/", views.models, name="models"),
     path("review/", views.review_inbox, name="review-inbox"),
     path("nodes/", views.nodes, name="nodes"),

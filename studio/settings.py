@@ -50,6 +50,7 @@ INSTALLED_APPS = [
     "studio",
     "datasets",
     "jobs",
+    "tuning",
     "review",
 ]
 
@@ -131,6 +132,7 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE = {
     "mark-lost-nodes": {"task": "jobs.tasks.mark_lost_nodes_task", "schedule": 2.0},
     "schedule-jobs": {"task": "jobs.tasks.schedule_jobs_task", "schedule": 2.0},
+    "advance-tuning-jobs": {"task": "tuning.tasks.advance_tuning_jobs_task", "schedule": 2.0},
     "requeue-stalled-validations": {"task": "datasets.tasks.requeue_stalled_validations_task", "schedule": 60.0},
 }
 
@@ -181,6 +183,7 @@ SPECTACULAR_SETTINGS = {
         "JobStatusEnum": "jobs.models.JobStatus",
         "VersionStatusEnum": "datasets.models.VersionStatus",
         "NodeStateEnum": "jobs.models.NodeState",
+        "TuningStatusEnum": "tuning.models.TuningStatus",
     },
 }
 

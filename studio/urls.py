@@ -6,6 +6,7 @@ from datasets import api as datasets_api
 from jobs import api as jobs_api
 from jobs import api_nodes
 from studio import views_api
+from tuning import api as tuning_api
 
 api_v1 = [
     path("health", views_api.HealthView.as_view(), name="api-health"),
@@ -22,6 +23,9 @@ api_v1 = [
     path("jobs/", jobs_api.JobListView.as_view(), name="api-jobs"),
     path("jobs/<int:pk>/", jobs_api.JobDetailView.as_view(), name="api-job"),
     path("jobs/<int:pk>/stop/", jobs_api.JobStopView.as_view(), name="api-job-stop"),
+    path("tuning-jobs/", tuning_api.TuningJobListView.as_view(), name="api-tuning-jobs"),
+    path("tuning-jobs/<int:pk>/", tuning_api.TuningJobDetailView.as_view(), name="api-tuning-job"),
+    path("tuning-jobs/<int:pk>/stop/", tuning_api.TuningJobStopView.as_view(), name="api-tuning-job-stop"),
     path("nodes/", api_nodes.NodeListView.as_view(), name="api-nodes"),
     path("nodes/<str:name>/", api_nodes.NodeDetailView.as_view(), name="api-node"),
     path("", include("jobs.metrics_urls")),

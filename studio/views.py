@@ -173,11 +173,6 @@ def overview(request: HttpRequest) -> HttpResponse:
 
 # --- sections -----------------------------------------------------------------------------
 @page
-def tuning(request: HttpRequest) -> HttpResponse:
-    return render(request, "studio/tuning.html")
-
-
-@page
 def models(request: HttpRequest) -> HttpResponse:
     return render(request, "studio/models.html")
 

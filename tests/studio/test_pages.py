@@ -131,7 +131,7 @@ def test_jobs_page_empty_state_and_rows(teammate, project):
     assert "badge--red" in body and "CUDA out of memory" in body
 
 
-@pytest.mark.parametrize("route", ["tuning", "models"])
+@pytest.mark.parametrize("route", ["models"])
 def test_unbuilt_sections_say_so_honestly(teammate, route):
     body = login(teammate).get(reverse(route)).content.decode()
     assert "Not available in this build yet" in body

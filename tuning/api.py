@@ -1,0 +1,102 @@
+"""Tuning job endpoints: create, list, read, stop."""
+
+from __future__ import annotations
+
+from django.db.models import Count, Prefetch
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from jobs.actions import NotStoppable
+from jobs.models import TrainingJob
+from studio.access import check_role, get_project_for_user
+from studio.api import ApiError, PaginatedAPIView, paginate
+from studio.models import Project
+from tuning import actions
+from tuning.access import get_tuning_job_for_user
+from tuning.actions import TuningError
+from tuning.models import TuningJob
+from tuning.serializers import TuningJobCreateSerializer, TuningJobSerializer, TuningJobSummarySerializer, trial_counts
+
+TRIAL_FIELDS = ("id", "name", "trial_number", "status", "stop_reason", "failure_reason", "objective_value",
+                "trial_params", "started_at", "finished_at", "tuning_job_id")
+
+
+def _project_for_write(user, slug: str) -> Project:
+    project = Project.objects.filter(slug=slug).first()
+    if project is None or project.role_of(user) not in ("admin", "scientist", "viewer"):
+        raise ApiError(f"No project '{slug}'.", code="not_found", fields={"project": ["No such project."]})
+    check_role(user, project, write=True)
+    return project
+
+
+def tuning_queryset():
+    return TuningJob.objects.select_related("project", "created_by", "best_trial")
+
+
+def detail(tuning_job_id: int) -> dict:
+    tuning = tuning_queryset().prefetch_related(
+        Prefetch("warm_start_from", queryset=TuningJob.objects.only("pk"))).get(pk=tuning_job_id)
+    trials = list(TrainingJob.objects.filter(tuning_job_id=tuning_job_id).only(*TRIAL_FIELDS).order_by("trial_number"))
+    return TuningJobSerializer(tuning, context={"trials": trials}).data
+
+
+def counts_by_tuning_job(ids: list[int]) -> dict[int, dict[str, int]]:
+    rows: dict[int, list[tuple[str, str, int]]] = {}
+    grouped = (TrainingJob.objects.filter(tuning_job_id__in=ids).order_by().values("tuning_job_id", "status", "stop_reason")
+               .annotate(count=Count("id")))
+    for row in grouped:
+        rows.setdefault(row["tuning_job_id"], []).append((row["status"], row["stop_reason"], row["count"]))
+    return {pk: trial_counts(found) for pk, found in rows.items()}
+
+
+class TuningJobListView(PaginatedAPIView):
+    @extend_schema(parameters=[OpenApiParameter(name, str) for name in ("project", "status", "search")],
+                   responses=TuningJobSummarySerializer(many=True))
+    def get(self, request: Request) -> Response:
+        tunings = tuning_queryset().filter(project__in=Project.objects.readable_by(request.user))
+        params = request.query_params
+        if slug := params.get("project"):
+            tunings = tunings.filter(project=get_project_for_user(request.user, slug))
+        if wanted := params.get("status"):
+            tunings = tunings.filter(status__in=wanted.split(","))
+        if search := params.get("search"):
+            tunings = tunings.filter(name__icontains=search)
+
+        def rows(page: list[TuningJob]) -> list:
+            counts = counts_by_tuning_job([t.pk for t in page])
+            return TuningJobSummarySerializer(page, many=True, context={"trial_counts": counts}).data
+
+        return paginate(self, request, tunings.order_by("-created_at", "-pk"), rows)
+
+    @extend_schema(request=TuningJobCreateSerializer, responses={201: TuningJobSerializer})
+    def post(self, request: Request) -> Response:
+        serializer = TuningJobCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        project = _project_for_write(request.user, serializer.validated_data["project"])
+        try:
+            tuning = actions.create_tuning_job(project=project, user=request.user, data=serializer.validated_data)
+        except TuningError as exc:
+            first = next(iter(exc.fields.items()))
+            raise ApiError(f"{first[0]}: {first[1]}", fields={k: [v] for k, v in exc.fields.items()}) from exc
+        return Response(detail(tuning.pk), status=status.HTTP_201_CREATED)
+
+
+class TuningJobDetailView(APIView):
+    @extend_schema(responses=TuningJobSerializer)
+    def get(self, request: Request, pk: int) -> Response:
+        get_tuning_job_for_user(request.user, pk)
+        return Response(detail(pk))
+
+
+class TuningJobStopView(APIView):
+    @extend_schema(request=None, responses={202: TuningJobSerializer})
+    def post(self, request: Request, pk: int) -> Response:
+        tuning = get_tuning_job_for_user(request.user, pk, write=True)
+        try:
+            actions.stop_tuning_job(tuning)
+        except NotStoppable as exc:
+            raise ApiError(str(exc), code="conflict", status_code=409) from exc
+        return Response(detail(pk), status=status.HTTP_202_ACCEPTED)

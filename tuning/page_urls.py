@@ -1,0 +1,12 @@
+"""Tuning job pages, included under /tuning/ by studio/page_urls.py."""
+
+from django.urls import path
+
+from tuning import views
+
+urlpatterns = [
+    path("", views.tuning_list, name="tuning"),
+    path("new/", views.tuning_create, name="tuning-create"),
+    path("<int:pk>/", views.tuning_detail, name="tuning-detail"),
+    path("<int:pk>/data/", views.tuning_data, name="tuning-data"),
+]
