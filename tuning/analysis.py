@@ -207,7 +207,8 @@ def parameter_dimension(name: str, spec: dict[str, Any], values: list[Any]) -> D
 def parallel_coordinates(tuning_job: TuningJob, completed: list[TrainingJob]) -> dict[str, Any]:
     """One axis per tuned hyperparameter, then the objective; one line per completed trial
     that has every parameter."""
-    ranges = {name: spec for name, spec in (tuning_job.parameter_ranges or {}).items() if isinstance(spec, dict)}
+    # By name: PostgreSQL's jsonb does not keep the order the ranges were written in.
+    ranges = {name: spec for name, spec in sorted((tuning_job.parameter_ranges or {}).items()) if isinstance(spec, dict)}
     rows = [t for t in completed if set(ranges) <= set(t.trial_params or {})]
     dimensions: list[Dimension] = []
     for name, spec in ranges.items():

@@ -269,7 +269,8 @@ def tuning_detail(request: HttpRequest, pk: int) -> HttpResponse:
     job = get_tuning_job_for_user(request.user, pk)
     job = TuningJob.objects.select_related("project", "created_by", "best_trial").get(pk=job.pk)
     trials = _trials_of(job)
-    ranges = job.parameter_ranges or {}
+    # By name: PostgreSQL's jsonb does not keep the order the ranges were written in.
+    ranges = dict(sorted((job.parameter_ranges or {}).items()))
     names = list(ranges)
     now = timezone.now()
     rows = trial_rows(trials, ranges, now)

@@ -82,7 +82,7 @@ def test_detail_draws_three_charts_sorts_and_gains_a_trial_live(live_server, sci
     assert kinds[0][0] == "scatter" and "scatter" in kinds[0]  # best-so-far line and status groups
     assert kinds[1] == ["parcoords"] and kinds[2] == ["bar"]
     dims = page.evaluate("() => document.getElementById('parcoords-chart').data[0].dimensions.map(d => d.label)")
-    assert dims == ["learning_rate (log)", "hidden_units", "optimizer", "validation_accuracy"]
+    assert dims == ["hidden_units", "learning_rate (log)", "optimizer", "validation_accuracy"]  # by name
     groups = page.evaluate("() => document.getElementById('objective-chart').data.map(t => t.name)")
     assert groups == ["best so far", "completed", "pruned", "running"]
     assert page.locator('#trials-table [data-status="pruned"]').count() == 1
