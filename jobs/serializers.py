@@ -151,7 +151,7 @@ class JobSerializer(serializers.ModelSerializer):
             "hyperparameters", "inputs", "resources", "distribution", "pipeline", "priority", "stopping", "checkpoint",
             "keep_alive_seconds", "retries", "metric_definitions", "environment", "tags", "attempt", "output_uri",
             "model_uri", "final_metrics", "created_by", "created_at", "started_at", "training_started_at", "finished_at",
-            "warm_pool", "details", "timeline",
+            "warm_pool", "details", "tuning_job", "trial_number", "trial_params", "objective_value", "timeline",
         ]
 
     def get_inputs(self, job: TrainingJob) -> dict:

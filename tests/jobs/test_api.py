@@ -63,6 +63,7 @@ def test_submit_creates_a_pending_job_with_timeline(owner, client_for, ready_ver
     assert len(callbacks) == 1  # a scheduling tick is sent on commit
     detail = client_for(owner).get(f"/api/v1/jobs/{body['id']}/").json()
     assert detail["attempt"] == 0 and detail["failure_reason"] == "" and detail["model_uri"] == ""
+    assert (detail["tuning_job"], detail["trial_number"], detail["objective_value"]) == (None, None, None)
 
 
 @pytest.mark.parametrize(

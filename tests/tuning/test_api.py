@@ -188,6 +188,9 @@ def test_detail_lists_trials_counts_and_the_best_trial(owner, client_for, quadra
     assert detail["trial_counts"] == {"total": 4, "pending": 1, "running": 0, "completed": 2, "stopped": 0,
                                       "early_stopped": 0, "failed": 1}
     assert detail["elapsed_seconds"] >= 0
+    trial = client.get(f"/api/v1/jobs/{second.pk}/").json()
+    assert (trial["tuning_job"], trial["trial_number"], trial["objective_value"]) == (tuning.pk, 2, 0.5)
+    assert trial["trial_params"] == second.trial_params
 
 
 def test_list_is_paginated_filtered_and_counts_trials_in_few_queries(owner, client_for, quadratic,
