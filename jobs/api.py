@@ -17,17 +17,9 @@ from jobs.actions import JobError, NotStoppable
 from jobs.models import JobEvent, JobInput, TrainingJob
 from jobs.scripts import ScriptError, store_script
 from jobs.serializers import JobCreateSerializer, JobSerializer, JobSummarySerializer
-from studio.access import check_role, get_project_for_user
-from studio.api import ApiError, PaginatedAPIView, paginate
+from studio.access import get_project_for_user
+from studio.api import ApiError, PaginatedAPIView, field_errors, paginate, project_for_write
 from studio.models import Project
-
-
-def _project_for_write(user, slug: str) -> Project:
-    project = Project.objects.filter(slug=slug).first()
-    if project is None or project.role_of(user) not in ("admin", "scientist", "viewer"):
-        raise ApiError(f"No project '{slug}'.", code="not_found", fields={"project": ["No such project."]})
-    check_role(user, project, write=True)
-    return project
 
 
 def job_detail_queryset():
@@ -66,12 +58,11 @@ class JobListView(PaginatedAPIView):
     def post(self, request: Request) -> Response:
         serializer = JobCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        project = _project_for_write(request.user, serializer.validated_data["project"])
+        project = project_for_write(request.user, serializer.validated_data["project"])
         try:
             job = actions.submit_job(project=project, user=request.user, data=serializer.validated_data)
         except JobError as exc:
-            first = next(iter(exc.fields.items()))
-            raise ApiError(f"{first[0]}: {first[1]}", fields={k: [v] for k, v in exc.fields.items()}) from exc
+            raise field_errors(exc.fields) from exc
         return Response(JobSerializer(job_detail_queryset().get(pk=job.pk)).data, status=status.HTTP_201_CREATED)
 
 
@@ -120,7 +111,7 @@ class ScriptUploadView(APIView):
         slug = request.data.get("project") or ""
         if not slug:
             raise ApiError("project: This field is required.", fields={"project": ["This field is required."]})
-        project = _project_for_write(request.user, slug)
+        project = project_for_write(request.user, slug)
         upload = request.FILES.get("file")
         if upload is None:
             raise ApiError("file: send the script as a multipart part named 'file'.", fields={"file": ["No file was sent."]})

@@ -55,6 +55,26 @@ class ApiError(exceptions.APIException):
         self.fields = fields or {}
 
 
+def field_errors(fields: dict[str, str]) -> ApiError:
+    """A 400 from an action's {field: message} checks (JobError, TuningError): the first
+    one as the message, every one under `fields`."""
+    name, message = next(iter(fields.items()))
+    return ApiError(f"{name}: {message}", fields={k: [v] for k, v in fields.items()})
+
+
+def project_for_write(user, slug: str):
+    """The project named in a create request, if the user may write in it. A project the
+    user cannot even read is reported as missing (400 on `project`), like any bad field."""
+    from studio.access import check_role
+    from studio.models import Project
+
+    project = Project.objects.filter(slug=slug).first()
+    if project is None or project.role_of(user) not in ("admin", "scientist", "viewer"):
+        raise ApiError(f"No project '{slug}'.", code="not_found", fields={"project": ["No such project."]})
+    check_role(user, project, write=True)
+    return project
+
+
 def _flatten(detail: Any) -> Any:
     if isinstance(detail, list):
         flat = [_flatten(item) for item in detail]

@@ -11,8 +11,8 @@ from rest_framework.views import APIView
 
 from jobs.actions import NotStoppable
 from jobs.models import TrainingJob
-from studio.access import check_role, get_project_for_user
-from studio.api import ApiError, PaginatedAPIView, paginate
+from studio.access import get_project_for_user
+from studio.api import ApiError, PaginatedAPIView, field_errors, paginate, project_for_write
 from studio.models import Project
 from tuning import actions
 from tuning.access import get_tuning_job_for_user
@@ -22,14 +22,6 @@ from tuning.serializers import TuningJobCreateSerializer, TuningJobSerializer, T
 
 TRIAL_FIELDS = ("id", "name", "trial_number", "status", "stop_reason", "failure_reason", "objective_value",
                 "trial_params", "started_at", "finished_at", "tuning_job_id")
-
-
-def _project_for_write(user, slug: str) -> Project:
-    project = Project.objects.filter(slug=slug).first()
-    if project is None or project.role_of(user) not in ("admin", "scientist", "viewer"):
-        raise ApiError(f"No project '{slug}'.", code="not_found", fields={"project": ["No such project."]})
-    check_role(user, project, write=True)
-    return project
 
 
 def tuning_queryset():
@@ -75,12 +67,11 @@ class TuningJobListView(PaginatedAPIView):
     def post(self, request: Request) -> Response:
         serializer = TuningJobCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        project = _project_for_write(request.user, serializer.validated_data["project"])
+        project = project_for_write(request.user, serializer.validated_data["project"])
         try:
             tuning = actions.create_tuning_job(project=project, user=request.user, data=serializer.validated_data)
         except TuningError as exc:
-            first = next(iter(exc.fields.items()))
-            raise ApiError(f"{first[0]}: {first[1]}", fields={k: [v] for k, v in exc.fields.items()}) from exc
+            raise field_errors(exc.fields) from exc
         return Response(detail(tuning.pk), status=status.HTTP_201_CREATED)
 
 
