@@ -58,11 +58,13 @@ class Cluster:
 
     # --- processes ---------------------------------------------------------------------------
     def start(self, part: Process, ready: bytes | None = b"ready.") -> None:
+        # The log is appended to across restarts: only a "ready" written after this start counts.
+        offset = part.log_path.stat().st_size if part.log_path.exists() else 0
         with open(part.log_path, "ab") as out:
             part.process = subprocess.Popen(part.argv, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
                                             start_new_session=True)
         if ready is not None:
-            wait_for(lambda: ready in part.log_path.read_bytes() or not part.alive(), timeout=90,
+            wait_for(lambda: ready in part.log_path.read_bytes()[offset:] or not part.alive(), timeout=90,
                      message=f"{part.name} to start")
             if not part.alive():
                 pytest.fail(f"{part.name} exited at start:\n{part.log()[-4000:]}")
