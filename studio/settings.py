@@ -51,6 +51,7 @@ INSTALLED_APPS = [
     "datasets",
     "jobs",
     "tuning",
+    "hosting",
     "review",
 ]
 
@@ -134,6 +135,11 @@ CELERY_BEAT_SCHEDULE = {
     "schedule-jobs": {"task": "jobs.tasks.schedule_jobs_task", "schedule": 2.0},
     "advance-tuning-jobs": {"task": "tuning.tasks.advance_tuning_jobs_task", "schedule": 2.0},
     "requeue-stalled-validations": {"task": "datasets.tasks.requeue_stalled_validations_task", "schedule": 60.0},
+    # Expired claim leases back to the queue, loops past their availability to Expired,
+    # completed loops whose output JSON is not written yet written (review.tasks).
+    "expire-review-work": {"task": "review.tasks.expire_review_work_task", "schedule": 2.0},
+    # Batch predictions whose worker died mid-run are handed to another (hosting.tasks).
+    "requeue-stalled-batch-predictions": {"task": "hosting.tasks.requeue_stalled_batch_predictions_task", "schedule": 30.0},
 }
 
 # --- storage --------------------------------------------------------------------------

@@ -29,6 +29,8 @@ api_v1 = [
     path("nodes/", api_nodes.NodeListView.as_view(), name="api-nodes"),
     path("nodes/<str:name>/", api_nodes.NodeDetailView.as_view(), name="api-node"),
     path("", include("jobs.metrics_urls")),
+    path("", include("hosting.api_urls")),
+    path("", include("review.api_urls")),
 ]
 
 urlpatterns = [

@@ -1,0 +1,5 @@
+"""The hosting API routes; included under /api/v1/ by studio.urls."""
+
+from __future__ import annotations
+
+urlpatterns: list = []

@@ -1,0 +1,5 @@
+"""The review pages; included by studio.page_urls."""
+
+from __future__ import annotations
+
+urlpatterns: list = []
