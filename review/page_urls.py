@@ -1,5 +1,11 @@
-"""The review pages; included by studio.page_urls."""
+"""The review pages; included under /review/ by studio.page_urls."""
 
 from __future__ import annotations
 
-urlpatterns: list = []
+from django.urls import path
+
+from review import views
+
+urlpatterns = [
+    path("", views.review_inbox, name="review-inbox"),
+]

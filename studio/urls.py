@@ -31,6 +31,7 @@ api_v1 = [
     path("", include("jobs.metrics_urls")),
     path("", include("hosting.api_urls")),
     path("", include("review.api_urls")),
+    path("", include("review.stats_urls")),
 ]
 
 urlpatterns = [

@@ -172,11 +172,6 @@ def overview(request: HttpRequest) -> HttpResponse:
 
 
 # --- sections -----------------------------------------------------------------------------
-@page
-def models(request: HttpRequest) -> HttpResponse:
-    return render(request, "studio/models.html")
-
-
 @dataclass(frozen=True)
 class NodeRow:
     """One node as the nodes page shows it to this viewer."""
@@ -215,7 +210,3 @@ def nodes(request: HttpRequest) -> HttpResponse:
         "heartbeat_every": settings.STUDIO_NODE_HEARTBEAT_SECONDS,
     })
 
-
-@page(reviewers=True)
-def review_inbox(request: HttpRequest) -> HttpResponse:
-    return render(request, "studio/review_inbox.html")
