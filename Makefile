@@ -33,6 +33,7 @@ bench: venv
 	$(PY) bench/serving.py
 	$(PY) bench/metrics.py
 	$(PY) bench/training.py
+	$(PY) bench/hosting.py
 
 clean:
 	rm -rf $(VENV) var

@@ -9,4 +9,9 @@ from hosting import views
 
 urlpatterns = [
     path("", views.models, name="models"),
+    path("register/", views.model_register, name="model-register"),
+    path("<int:pk>/", views.model_detail, name="model-detail"),
+    path("<int:pk>/endpoints/new/", views.endpoint_create, name="endpoint-create"),
+    path("<int:pk>/batch/", views.batch_create, name="batch-create"),
+    path("endpoints/<str:name>/", views.endpoint_detail, name="endpoint-detail"),
 ]

@@ -1,13 +1,198 @@
-"""Model and endpoint pages."""
+"""Model and endpoint pages: the models list (with the register form), a model's versions
+(with the deploy form) and an endpoint's page with its try-it form.
+
+Reads go through the same access helpers as the API; the two forms post here and call
+the same actions as the API (one validation, one write path). The try-it form posts to
+the invocation API from static/js/endpoint_detail.js with the session and CSRF token."""
 
 from __future__ import annotations
 
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+import json
+from typing import Any
 
-from studio.views import page
+from django.contrib import messages
+from django.db.models import Prefetch
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_http_methods
+
+from hosting import actions
+from hosting.access import get_endpoint_for_user, get_model_for_user
+from hosting.actions import HostingError
+from hosting.models import BatchPrediction, Endpoint, Model, ModelKind, ModelVersion
+from jobs.models import JobStatus, TrainingJob
+from jobs.views import can_write_in, ready_versions
+from studio.access import Forbidden
+from studio.models import Project
+from studio.views import page, project_roles, readable_projects
+
+REGISTER_CHOICES = 200  # the newest completed jobs offered in the register form
+BATCH_ROWS = 20
+
+
+def writable_projects(request: HttpRequest) -> list[Project]:
+    return [entry.project for entry in project_roles(request) if entry.can_write]
+
+
+def completed_jobs(projects: list[Project]) -> list[TrainingJob]:
+    return list(TrainingJob.objects.filter(project__in=projects, status=JobStatus.COMPLETED).exclude(model_uri="")
+                .select_related("project").only("id", "name", "algorithm", "finished_at", "project__slug")
+                .order_by("-finished_at", "-id")[:REGISTER_CHOICES])
+
+
+def _models_context(request: HttpRequest) -> dict[str, Any]:
+    projects = readable_projects(request)
+    versions = ModelVersion.objects.order_by("-version").select_related("job")
+    models = list(Model.objects.filter(project__in=projects).select_related("project")
+                  .prefetch_related(Prefetch("versions", queryset=versions)).order_by("project__slug", "name"))
+    endpoints = list(Endpoint.objects.filter(project__in=projects)
+                     .select_related("project", "model_version__model", "flow_definition").order_by("name"))
+    by_model: dict[int, list[Endpoint]] = {}
+    for endpoint in endpoints:
+        by_model.setdefault(endpoint.model_version.model_id, []).append(endpoint)
+    rows = []
+    for model in models:
+        versions_list = list(model.versions.all())
+        latest = versions_list[0] if versions_list else None
+        rows.append({"model": model, "latest": latest, "count": len(versions_list),
+                     "metrics": _headline_metrics(latest), "endpoints": by_model.get(model.pk, [])})
+    writable = [p for p in writable_projects(request) if p in set(projects)]
+    batches = list(BatchPrediction.objects.filter(project__in=projects)
+                   .select_related("model_version__model", "dataset_version__dataset")[:BATCH_ROWS])
+    return {"rows": rows, "endpoints": endpoints, "batches": batches, "jobs": completed_jobs(writable),
+            "can_register": bool(writable), "show_project": len({m.project_id for m in models}) > 1}
+
+
+def _headline_metrics(version: ModelVersion | None) -> list[tuple[str, Any]]:
+    """The validation/test figures people compare models by, at most three."""
+    if version is None:
+        return []
+    metrics = version.metrics or {}
+    preferred = [name for name in ("validation_accuracy", "test_accuracy", "validation_loss") if name in metrics]
+    others = sorted(name for name in metrics if name not in preferred and not name.startswith(("train_", "epoch", "step")))
+    return [(name, metrics[name]) for name in (preferred + others)[:3]]
 
 
 @page
 def models(request: HttpRequest) -> HttpResponse:
-    return render(request, "hosting/models.html")
+    return render(request, "hosting/models.html", _models_context(request))
+
+
+@page
+@require_http_methods(["POST"])
+def model_register(request: HttpRequest) -> HttpResponse:
+    """The register form: a completed job's artifact becomes the next version of a model."""
+    job = TrainingJob.objects.filter(pk=request.POST.get("job") or 0).select_related("project").first()
+    errors: dict[str, str] = {}
+    if job is None or not can_write_in(request, job.project_id):
+        errors["job"] = "Pick a completed job of a project where you are a scientist or admin."
+    else:
+        try:
+            version = actions.register_model(project=job.project, name=request.POST.get("name", ""), job=job,
+                                             user=request.user)
+        except HostingError as exc:
+            errors[exc.field] = exc.message
+        else:
+            messages.success(request, f"Registered {version.model.name} version {version.version}.")
+            return redirect("model-detail", pk=version.model_id)
+    context = _models_context(request)
+    context.update(register_errors=errors, register_values=request.POST)
+    return render(request, "hosting/models.html", context, status=400)
+
+
+def _model_context(request: HttpRequest, model: Model) -> dict[str, Any]:
+    versions = list(model.versions.select_related("job", "created_by").order_by("-version"))
+    endpoints = list(Endpoint.objects.filter(model_version__model=model).select_related("model_version", "flow_definition"))
+    from review.models import FlowDefinition
+
+    can_write = can_write_in(request, model.project_id)
+    formats = actions.BATCH_FORMATS.get(versions[0].kind, ()) if versions else ()
+    return {
+        "model": model, "versions": versions, "endpoints": endpoints, "can_write": can_write,
+        "dataset_versions": [v for v in ready_versions([model.project]) if v["format"] in formats] if can_write else [],
+        "batch_formats": formats,
+        "flows": list(FlowDefinition.objects.filter(project=model.project).order_by("name")) if can_write else [],
+        "batches": list(BatchPrediction.objects.filter(model_version__model=model)
+                        .select_related("model_version", "dataset_version__dataset")[:BATCH_ROWS]),
+    }
+
+
+@page
+def model_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    return render(request, "hosting/model_detail.html", _model_context(request, get_model_for_user(request.user, pk)))
+
+
+@page
+@require_http_methods(["POST"])
+def endpoint_create(request: HttpRequest, pk: int) -> HttpResponse:
+    """The deploy form on a model's page."""
+    model = get_model_for_user(request.user, pk)
+    if not can_write_in(request, model.project_id):
+        raise Forbidden("Deploying needs the scientist or admin role in this project.")
+    errors: dict[str, str] = {}
+    try:
+        version = actions.resolve_model_version(model.project, model, request.POST.get("model_version"))
+        endpoint = actions.create_endpoint(project=model.project, name=request.POST.get("name", ""),
+                                           model_version=version,
+                                           flow_definition=request.POST.get("flow_definition") or None,
+                                           user=request.user)
+    except HostingError as exc:
+        errors[exc.field] = exc.message
+    else:
+        messages.success(request, f"Endpoint {endpoint.name} now serves version {version.version}.")
+        return redirect("endpoint-detail", name=endpoint.name)
+    context = _model_context(request, model)
+    context.update(deploy_errors=errors, deploy_values=request.POST)
+    return render(request, "hosting/model_detail.html", context, status=400)
+
+
+@page
+@require_http_methods(["POST"])
+def batch_create(request: HttpRequest, pk: int) -> HttpResponse:
+    """The batch form on a model's page: predictions for every record of a dataset version."""
+    model = get_model_for_user(request.user, pk)
+    if not can_write_in(request, model.project_id):
+        raise Forbidden("Batch predictions need the scientist or admin role in this project.")
+    errors: dict[str, str] = {}
+    try:
+        version = actions.resolve_model_version(model.project, model, request.POST.get("model_version"))
+        batch = actions.submit_batch_prediction(project=model.project, model_version=version,
+                                                dataset_version=request.POST.get("dataset_version"),
+                                                flow_definition=request.POST.get("flow_definition") or None,
+                                                user=request.user)
+    except HostingError as exc:
+        errors[exc.field] = exc.message
+    else:
+        messages.success(request, f"Batch prediction #{batch.pk} is queued; this page lists its progress.")
+        return redirect(f"{reverse('model-detail', args=[model.pk])}#batches-panel")
+    context = _model_context(request, model)
+    context.update(batch_errors=errors, batch_values=request.POST)
+    return render(request, "hosting/model_detail.html", context, status=400)
+
+
+def example_instances(version: ModelVersion) -> list[Any]:
+    """What the try-it textarea starts with: one valid instance of the model's kind."""
+    schema = version.input_schema or {}
+    if version.kind == ModelKind.TABULAR:
+        return [schema.get("example") or {column: "" for column in schema.get("columns", [])}]
+    if version.kind == ModelKind.TEXT:
+        return ["Type a sentence to classify."]
+    if version.kind == ModelKind.IMAGE:
+        return [{"b64": "<base64 of a PNG or JPEG>"}]
+    return [{"prompt": "The old train", "max_new_tokens": 80, "temperature": 0.8}]
+
+
+@page
+def endpoint_detail(request: HttpRequest, name: str) -> HttpResponse:
+    endpoint = get_endpoint_for_user(request.user, name)
+    version = endpoint.model_version
+    if version.model.project_id != endpoint.project_id:  # cannot happen through the actions
+        raise Http404("Not found.")
+    return render(request, "hosting/endpoint_detail.html", {
+        "endpoint": endpoint, "version": version, "model": version.model,
+        "example": json.dumps(example_instances(version), indent=2),
+        "invoke_url": reverse("api-endpoint-invocations", args=[endpoint.name]),
+        "versions": list(version.model.versions.order_by("-version").only("id", "version", "created_at")),
+        "can_write": can_write_in(request, endpoint.project_id),
+    })

@@ -131,13 +131,6 @@ def test_jobs_page_empty_state_and_rows(teammate, project):
     assert "badge--red" in body and "CUDA out of memory" in body
 
 
-@pytest.mark.parametrize("route", ["models"])
-def test_unbuilt_sections_say_so_honestly(teammate, route):
-    body = login(teammate).get(reverse(route)).content.decode()
-    assert "Not available in this build yet" in body
-    assert "<table" not in body
-
-
 def test_nodes_page_lists_nodes_with_states_and_the_worker_command(teammate):
     now = timezone.now()
     Node.objects.create(name="gpu-1", hostname="box", queue="q1", instance_type="gpu", gpus=2, state=NodeState.BUSY,
