@@ -1,0 +1,313 @@
+"""Human review claims on PostgreSQL, each figure beside a baseline measured in the same run.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres .venv/bin/python bench/review.py
+
+1. claim+answer through review.actions by 32 concurrent reviewer processes (each its own
+   database connection) against a backlog of loops with task_count 2: p50/p99 latency of
+   one claim+answer, and answers/s, flat out (saturation) and paced (each reviewer starts
+   one claim+answer every --pace seconds, as people do); baseline: 1 reviewer process.
+2. Claim latency (p50/p99) with a backlog of 100,000 InProgress loops, claims and
+   releases repeated by reviewers in turn; baseline: the same with a backlog of 1,000.
+   The candidate query's plan is printed to show it walks the partial index.
+
+The bench creates its own database (trainyard_bench_review) on the server DATABASE_URL
+names and drops it at the end. Without a PostgreSQL DATABASE_URL it says so and exits:
+SKIP LOCKED claims are what it measures. --quick runs smaller numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+DB_NAME = "trainyard_bench_review"
+REVIEWERS = 32
+LABELS = ["cat", "dog", "bird"]
+
+
+def pct(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else float("nan")
+
+
+def row(label: str, figure: str, baseline: str = "", note: str = "") -> None:
+    print(f"  {label:<46} {figure:<30} {baseline:<30} {note}")
+
+
+# --- the database ----------------------------------------------------------------------------
+def admin_url(base: str) -> str:
+    return urlparse(base)._replace(path="/postgres").geturl()
+
+
+def create_database(base: str) -> str:
+    import psycopg
+
+    with psycopg.connect(admin_url(base), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{DB_NAME}"')
+    return urlparse(base)._replace(path=f"/{DB_NAME}").geturl()
+
+
+def drop_database(base: str) -> None:
+    import psycopg
+    from django.db import connections
+
+    connections.close_all()
+    with psycopg.connect(admin_url(base), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)')
+
+
+def setup_django() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "studio.settings")
+    os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/11")  # settings need one; review claims do not
+    import django
+
+    django.setup()
+
+
+# --- fixtures --------------------------------------------------------------------------------
+def make_reviewers(n: int):
+    from studio import actions as studio_actions
+    from studio.models import Project, Role
+
+    project = Project.objects.filter(slug="bench").first() or studio_actions.create_project(slug="bench", name="Bench")
+    owner = studio_actions.ensure_user("bench-owner", password="pw-bench-owner-123")
+    studio_actions.set_membership(project=project, user=owner, role=Role.ADMIN)
+    users = []
+    for index in range(n):
+        user = studio_actions.ensure_user(f"bench-reviewer-{index}", password="pw-bench-reviewer-123")
+        studio_actions.set_membership(project=project, user=user, role=Role.REVIEWER)
+        users.append(user)
+    return project, owner, users
+
+
+def make_flow(name: str, task_count: int, reviewers_n: int):
+    from review import actions
+
+    project, owner, users = make_reviewers(reviewers_n)
+    team = actions.create_work_team(project=project, name=f"team-{name}", members=users, user=owner)
+    flow = actions.create_flow_definition(project=project, user=owner, data={
+        "name": name, "work_team": team, "task_type": "classification", "labels": LABELS, "title": name,
+        "instructions": "", "task_count": task_count, "task_availability_seconds": 24 * 3600,
+        "task_time_limit_seconds": 600, "activation": {"confidence_below": None, "sample_percent": 100.0,
+                                                       "combine": "any"},
+        "order": "oldest", "show_prediction": True})
+    return flow, users
+
+
+def fill_backlog(flow, n: int, chunk: int = 5000) -> None:
+    from review import actions
+
+    rng = random.Random(7)
+    done = 0
+    while done < n:
+        size = min(chunk, n - done)
+        items = [({"row": {"f1": rng.random(), "f2": rng.random()}},
+                  {"label": "cat", "confidence": rng.random(), "probabilities": {}}) for _ in range(size)]
+        actions.start_loops_for_predictions(flow, items, source={"bench": True}, rng=rng)
+        done += size
+
+
+# --- 1. claim+answer with concurrent reviewer processes ------------------------------------
+def reviewer_process(user_id: int, flow_id: int, seconds: float, start_at: float, out, pace: float = 0.0) -> None:
+    setup_django()
+    from django.contrib.auth import get_user_model
+    from django.db import connections
+
+    from review import actions
+    from review.models import FlowDefinition
+
+    user = get_user_model().objects.get(pk=user_id)
+    flow = FlowDefinition.objects.get(pk=flow_id)
+    actions.claim_next_slot(user, flow)  # warm the connection (its slot is left to expire)
+    # Paced reviewers start one claim+answer every `pace` seconds, at a random phase, the
+    # way people working through an inbox do; pace 0 runs flat out.
+    next_at = start_at + (random.Random(user_id).random() * pace)
+    while time.time() < next_at:
+        time.sleep(0.001)
+    latencies: list[float] = []
+    claims: list[float] = []
+    clock = time.perf_counter
+    stop = start_at + seconds
+    while time.time() < stop:
+        if pace:
+            delay = next_at - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            next_at += pace
+        began = clock()
+        held = actions.claim_next_slot(user, flow)
+        claimed = clock()
+        if held is None:
+            break
+        actions.answer_slot(held.pk, user, {"label": "cat"})  # everyone agrees: no tie asks for a third
+        latencies.append(clock() - began)
+        claims.append(claimed - began)
+    connections.close_all()
+    out.put((latencies, claims))
+
+
+def run_reviewers(flow, users, seconds: float, pace: float = 0.0) -> dict:
+    from django.db import connections
+
+    connections.close_all()  # the children open their own
+    context = mp.get_context("fork")
+    out = context.Queue()
+    start_at = time.time() + 2.0 + 0.05 * len(users)
+    processes = [context.Process(target=reviewer_process, args=(u.pk, flow.pk, seconds, start_at, out, pace))
+                 for u in users]
+    for process in processes:
+        process.start()
+    results = [out.get(timeout=seconds + 120) for _ in processes]
+    for process in processes:
+        process.join(30)
+    latencies = [x for lat, _ in results for x in lat]
+    claims = [x for _, c in results for x in c]
+    return {"n": len(latencies), "p50": pct(latencies, 0.5) * 1000, "p99": pct(latencies, 0.99) * 1000,
+            "claim_p50": pct(claims, 0.5) * 1000, "claim_p99": pct(claims, 0.99) * 1000,
+            "rate": len(latencies) / seconds}
+
+
+def check_invariants(flow) -> str:
+    from django.db.models import Count
+
+    from review.models import Assignment, AssignmentStatus, HumanLoop
+
+    double = (Assignment.objects.filter(loop__flow_definition=flow, status=AssignmentStatus.ANSWERED)
+              .values("loop_id", "worker_id").annotate(n=Count("id")).filter(n__gt=1).count())
+    over = HumanLoop.objects.filter(flow_definition=flow).extra(where=["answers_count > answers_needed"]).count()
+    bad_counters = HumanLoop.objects.filter(flow_definition=flow).extra(
+        where=["answers_needed <> answers_count + holds_count + open_slots"]).count()
+    return f"double answers {double}, over-answered {over}, counter mismatches {bad_counters}"
+
+
+def bench_claim_answer(seconds: float, backlog: int, pace: float) -> None:
+    print(f"\n1. claim+answer through review.actions, {seconds:.0f} s per run")
+    # The baseline reviewer works alone, so its loops take one answer each: with two, every
+    # loop it answered would keep an open slot only someone else may fill.
+    flow_one, users = make_flow("concurrency-1", 1, REVIEWERS)
+    fill_backlog(flow_one, backlog)
+    single = run_reviewers(flow_one, users[:1], seconds)
+    flow_flat, users = make_flow("concurrency-32", 2, REVIEWERS)
+    fill_backlog(flow_flat, backlog)
+    flat = run_reviewers(flow_flat, users, seconds)
+    flow_paced, users = make_flow("concurrency-32-paced", 2, REVIEWERS)
+    fill_backlog(flow_paced, backlog)
+    paced = run_reviewers(flow_paced, users, seconds, pace=pace)
+    print(f"  {'':<46} {'1 reviewer, flat out':<24} {f'{REVIEWERS} reviewers, flat out':<26} "
+          f"{f'{REVIEWERS} reviewers, 1 per {pace:g} s each':<30}")
+    for label, key, unit in (("claim+answer p50", "p50", "ms"), ("claim+answer p99 (target ≤ 50 ms)", "p99", "ms"),
+                             ("  of which claim p50", "claim_p50", "ms"), ("  of which claim p99", "claim_p99", "ms"),
+                             ("throughput (answers/s)", "rate", ""), ("answers recorded", "n", "")):
+        cells = [f"{r[key]:.1f} {unit}".strip() if unit else f"{r[key]:.0f}" for r in (single, flat, paced)]
+        print(f"  {label:<46} {cells[0]:<24} {cells[1]:<26} {cells[2]:<30}")
+    print(f"  ratios to the baseline: flat-out p99 {flat['p99'] / single['p99']:.1f}×, "
+          f"paced p99 {paced['p99'] / single['p99']:.1f}×, flat-out throughput {flat['rate'] / single['rate']:.1f}×")
+    for name, flow in (("flat-out", flow_flat), ("paced", flow_paced)):
+        print(f"  invariants after the {REVIEWERS}-reviewer {name} run: {check_invariants(flow)}")
+
+
+# --- 2. claim latency over a deep backlog ------------------------------------------------------
+def claim_release_latencies(flow, users, rounds: int) -> list[float]:
+    from review import actions
+
+    latencies = []
+    clock = time.perf_counter
+    for index in range(rounds):
+        user = users[index % len(users)]
+        began = clock()
+        held = actions.claim_next_slot(user, flow)
+        latencies.append(clock() - began)
+        assert held is not None, "the backlog ran dry"
+        actions.release_slot(held.pk, user)
+    return latencies
+
+
+def candidate_plan(flow, user) -> list[str]:
+    """EXPLAIN ANALYZE of the claim's candidate query, as claim_next_slot sends it."""
+    from django.db import connection, transaction
+    from django.utils import timezone
+
+    from review.actions import _candidate_rows
+
+    captured: list[tuple[str, tuple]] = []
+
+    def capture(execute, sql, params, many, context):
+        captured.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with transaction.atomic():
+        with connection.execute_wrapper(capture):
+            _candidate_rows(user, [flow.pk], flow.order, timezone.now(), 1)
+        sql, params = captured[-1]
+        with connection.cursor() as cursor:
+            cursor.execute("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + sql, params)
+            return [line for (line,) in cursor.fetchall()]
+
+
+def bench_deep_backlog(backlog: int, small: int, rounds: int) -> None:
+    print(f"\n2. claim latency (claim, then release), {rounds} claims by {REVIEWERS} reviewers in turn")
+    started = time.perf_counter()
+    deep, users = make_flow("backlog-deep", 1, REVIEWERS)
+    fill_backlog(deep, backlog)
+    filled = time.perf_counter() - started
+    shallow, _ = make_flow("backlog-small", 1, REVIEWERS)
+    fill_backlog(shallow, small)
+    from django.db import connection
+
+    with connection.cursor() as cursor:  # fresh statistics for both backlogs
+        cursor.execute("ANALYZE review_humanloop")
+        cursor.execute("ANALYZE review_assignment")
+    claim_release_latencies(shallow, users, 50)  # warm caches
+    claim_release_latencies(deep, users, 50)  # warm caches
+    deep_lat = claim_release_latencies(deep, users, rounds)
+    small_lat = claim_release_latencies(shallow, users, rounds)
+    row("", f"backlog {backlog:,}", f"baseline: backlog {small:,}", "")
+    row("claim p50", f"{pct(deep_lat, 0.5) * 1000:.2f} ms", f"{pct(small_lat, 0.5) * 1000:.2f} ms",
+        "target p50 ≤ 10 ms")
+    row("claim p99", f"{pct(deep_lat, 0.99) * 1000:.2f} ms", f"{pct(small_lat, 0.99) * 1000:.2f} ms", "")
+    print(f"  ({backlog:,} loops inserted in {filled:.1f} s by start_loops_for_predictions)")
+    print("  candidate query plan (deep backlog):")
+    for line in candidate_plan(deep, users[0]):
+        print(f"    {line}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller numbers (a smoke run)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of each claim+answer run")
+    parser.add_argument("--pace", type=float, default=2.0,
+                        help="seconds between one paced reviewer's claim+answer starts (default 2)")
+    args = parser.parse_args()
+    base = os.environ.get("DATABASE_URL", "")
+    if not base.startswith(("postgres://", "postgresql://")):
+        print("bench/review.py: skipped — set DATABASE_URL to a PostgreSQL server "
+              "(e.g. postgres://postgres@127.0.0.1:5432/postgres); it measures SKIP LOCKED claims.")
+        return 0
+    os.environ["DATABASE_URL"] = create_database(base)
+    try:
+        setup_django()
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0)
+        print(f"Human review claims on PostgreSQL ({DB_NAME}), {os.cpu_count()} CPUs")
+        seconds = 3.0 if args.quick else args.seconds
+        bench_claim_answer(seconds, backlog=5_000 if args.quick else 40_000, pace=args.pace)
+        bench_deep_backlog(backlog=10_000 if args.quick else 100_000, small=1_000,
+                           rounds=300 if args.quick else 2_000)
+    finally:
+        drop_database(base)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,556 @@
+"""Writes of human review (SPEC §5), each one transaction.
+
+Lock order everywhere: the loop row, then its assignment rows. Slot counters on the
+loop (answers_needed, answers_count, holds_count, open_slots) change only under the
+loop's row lock or through a compare-and-set UPDATE (open_slots > 0), so no slot is
+ever held twice and no answer is lost or counted twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Exists, F, OuterRef, Q
+from django.utils import timezone
+
+from review.activation import activation_reason
+from review.models import (
+    LIVE_ASSIGNMENT_STATUSES,
+    MAX_ESCALATIONS,
+    NO_CONSENSUS,
+    Assignment,
+    AssignmentStatus,
+    FlowDefinition,
+    HumanLoop,
+    LoopOrder,
+    LoopStatus,
+    TaskType,
+    WorkTeam,
+)
+
+log = logging.getLogger(__name__)
+
+LOOP_NAME_MAX = 128
+CLAIM_CANDIDATES = 8  # how many loops one claim tries before giving up (lost races on SQLite)
+EXPIRE_BATCH = 200  # leases/loops handled per beat step, so one tick stays short
+CLAIM_EXPIRY_BATCH = 20  # expired leases a claim returns before it looks (beat does the rest)
+OUTPUT_RETRY_AFTER = timedelta(seconds=10)  # leave a fresh completion to its own on_commit write
+
+
+class ReviewError(Exception):
+    """Bad input or a state conflict, with the request field it concerns."""
+
+    def __init__(self, field: str, message: str, status: int = 400):
+        super().__init__(message)
+        self.field = field
+        self.message = message
+        self.status = status
+
+
+class LoopNameTaken(ReviewError):
+    def __init__(self, name: str):
+        super().__init__("name", f"A human loop named '{name}' already exists.", status=409)
+
+
+class AssignmentConflict(ReviewError):
+    """The assignment cannot take this answer/release any more (409)."""
+
+    def __init__(self, message: str):
+        super().__init__("assignment", message, status=409)
+
+
+# --- teams and flows ------------------------------------------------------------------------
+def create_work_team(*, project, name: str, members: Sequence, user, description: str = "") -> WorkTeam:
+    """A team of the project's members. Members must belong to the project (any role)."""
+    from studio.models import Membership
+
+    member_ids = {m.pk for m in members}
+    in_project = set(Membership.objects.filter(project=project, user_id__in=member_ids).values_list("user_id", flat=True))
+    outside = [m.username for m in members if m.pk not in in_project]
+    if outside:
+        raise ReviewError("members", f"Not members of project '{project.slug}': {', '.join(sorted(outside))}.")
+    try:
+        with transaction.atomic():
+            team = WorkTeam.objects.create(project=project, name=name, description=description, created_by=user)
+            team.members.set(members)
+    except IntegrityError as exc:
+        raise ReviewError("name", f"A work team named '{name}' already exists in this project.", status=409) from exc
+    return team
+
+
+def create_flow_definition(*, project, user, data: dict[str, Any]) -> FlowDefinition:
+    """A flow from validated serializer data (shapes are checked there; here what needs
+    the database: the team and its size)."""
+    from review.markdown import render_instructions
+
+    team = data["work_team"]
+    if team.project_id != project.pk:
+        raise ReviewError("work_team", "The work team belongs to another project.")
+    size = team.members.count()
+    task_count = data.get("task_count", 1)
+    if task_count > size:
+        raise ReviewError("task_count", f"Must be at most the work team's size ({size} member{'s' if size != 1 else ''}).")
+    instructions = data.get("instructions", "")
+    fields = {k: v for k, v in data.items() if k in {
+        "task_type", "labels", "title", "task_count", "task_availability_seconds", "task_time_limit_seconds",
+        "activation", "order", "show_prediction"}}
+    try:
+        with transaction.atomic():
+            return FlowDefinition.objects.create(project=project, name=data["name"], work_team=team,
+                                                 instructions=instructions,
+                                                 instructions_html=render_instructions(instructions),
+                                                 created_by=user, **fields)
+    except IntegrityError as exc:
+        raise ReviewError("name", f"A flow definition named '{data['name']}' already exists in this project.",
+                          status=409) from exc
+
+
+# --- starting loops -------------------------------------------------------------------------
+def confidence_of(prediction: dict | None) -> float | None:
+    """The prediction's confidence as a float (numpy scalars included), or None."""
+    value = prediction.get("confidence") if isinstance(prediction, dict) else None
+    if value is None or isinstance(value, (bool, str)):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if number == number else None  # NaN sorts nowhere: treat as unknown
+
+
+def _new_loop(*, name: str, flow: FlowDefinition, input_content: dict, prediction: dict | None, reason: str,
+              source: dict, model_version, user, now: datetime) -> HumanLoop:
+    return HumanLoop(
+        name=name, project_id=flow.project_id, flow_definition=flow, input_content=input_content,
+        prediction=prediction, confidence=confidence_of(prediction), activation_reason=reason, source=source or {},
+        model_version=model_version, answers_needed=flow.task_count, open_slots=flow.task_count,
+        created_by=user if user is not None and getattr(user, "is_authenticated", False) else None,
+        created_at=now, expires_at=now + timedelta(seconds=flow.task_availability_seconds),
+    )
+
+
+def start_human_loop(*, name: str, flow: FlowDefinition, input_content: dict, user=None,
+                     prediction: dict | None = None, activation_reason: str = "api",
+                     source: dict | None = None, model_version=None) -> HumanLoop:
+    """StartHumanLoop: one loop, whatever the activation conditions say."""
+    name = (name or "").strip()
+    if not name:
+        raise ReviewError("name", "This field may not be blank.")
+    if len(name) > LOOP_NAME_MAX:
+        raise ReviewError("name", f"At most {LOOP_NAME_MAX} characters.")
+    if any(ord(ch) < 32 or ch in "/\x7f" for ch in name):
+        raise ReviewError("name", "Names cannot contain '/' or control characters.")
+    if not isinstance(input_content, dict):
+        raise ReviewError("input_content", "Must be a JSON object.")
+    loop = _new_loop(name=name, flow=flow, input_content=input_content, prediction=prediction,
+                     reason=activation_reason, source=source or {}, model_version=model_version, user=user,
+                     now=timezone.now())
+    try:
+        with transaction.atomic():
+            loop.save(force_insert=True)
+    except IntegrityError as exc:
+        if HumanLoop.objects.filter(name=name).exists():
+            raise LoopNameTaken(name) from exc
+        raise
+    return loop
+
+
+def start_loops_for_predictions(flow: FlowDefinition | None, items: Sequence[tuple[dict, dict]], *,
+                                source: dict, model_version=None, rng: random.Random | None = None) -> list[str]:
+    """Start a loop for each (input_content, prediction) the flow's activation selects.
+    One INSERT for the lot; returns the names started ([] without a flow)."""
+    if flow is None or not items:
+        return []
+    activation = flow.activation or {}
+    now = timezone.now()
+    prefix = flow.name[:40]
+    loops: list[HumanLoop] = []
+    for index, (content, prediction) in enumerate(items):
+        reason = activation_reason(activation, confidence_of(prediction), rng)
+        if reason is None:
+            continue
+        item_source = dict(source)
+        if "batch" in source and "record" not in source:
+            item_source["record"] = index
+        loops.append(_new_loop(name=f"{prefix}-{uuid.uuid4().hex[:16]}", flow=flow,
+                               input_content=content if isinstance(content, dict) else {"value": content},
+                               prediction=prediction, reason=reason, source=item_source,
+                               model_version=model_version, user=None, now=now))
+    if loops:
+        HumanLoop.objects.bulk_create(loops, batch_size=1000)
+    return [loop.name for loop in loops]
+
+
+# --- claims ---------------------------------------------------------------------------------
+def _candidate_rows(user, flows, order: str, now: datetime, limit: int) -> list[tuple[int, int]]:
+    """(loop id, flow id) of open loops of `flows` (ids, or a subquery of them) the user
+    holds, answered or skipped nothing of. On PostgreSQL the rows come locked (FOR UPDATE
+    SKIP LOCKED): concurrent claimers each get a different loop without waiting on one
+    another. The partial indexes loop_claim_oldest / loop_claim_least_confident serve
+    the order."""
+    mine = Assignment.objects.filter(loop=OuterRef("pk"), worker=user, status__in=LIVE_ASSIGNMENT_STATUSES)
+    loops = (HumanLoop.objects.filter(flow_definition_id__in=flows, status=LoopStatus.IN_PROGRESS,
+                                      open_slots__gt=0, expires_at__gt=now)
+             .filter(~Exists(mine)))
+    if order == LoopOrder.LEAST_CONFIDENT:
+        loops = loops.order_by(F("confidence").asc(nulls_last=True), "id")
+    else:
+        loops = loops.order_by("created_at", "id")
+    if connection.features.has_select_for_update_skip_locked:
+        loops = loops.select_for_update(skip_locked=True, of=("self",))
+    return list(loops.values_list("id", "flow_definition_id")[:limit])
+
+
+def _move_slot(loop_id: int) -> bool:
+    """Compare-and-set: one slot of the loop from open to held, if one is still open."""
+    return bool(HumanLoop.objects.filter(pk=loop_id, status=LoopStatus.IN_PROGRESS, open_slots__gt=0)
+                .update(open_slots=F("open_slots") - 1, holds_count=F("holds_count") + 1))
+
+
+def _hold(loop_id: int, user, lease_seconds: int, now: datetime) -> Assignment:
+    return Assignment.objects.create(loop_id=loop_id, worker=user, status=AssignmentStatus.HELD, claimed_at=now,
+                                     lease_expires_at=now + timedelta(seconds=lease_seconds))
+
+
+def _take_slot(loop_id: int, user, lease_seconds: int, now: datetime) -> Assignment | None:
+    """Move one slot of the loop from open to held and record the hold; None if the slot
+    went to someone else first (or the user got this loop in another session)."""
+    try:
+        with transaction.atomic():  # a savepoint: a lost race undoes only this attempt
+            if not _move_slot(loop_id):
+                return None
+            return _hold(loop_id, user, lease_seconds, now)
+    except IntegrityError:
+        return None
+
+
+def claim_next_slot(user, flow: FlowDefinition | None = None) -> Assignment | None:
+    """Hold the next slot the user may answer, for the flow's task_time_limit_seconds;
+    None when there is nothing for them. Without a flow: the user's teams' flows in turn
+    (by id), each in its own order. One flow at a time keeps every candidate query on
+    its partial index; a query over several flows at once would sort their whole backlog."""
+    now = timezone.now()
+    # Leases that ran out give their slots back before we look: a claim never waits on
+    # beat. One indexed query when none has (the partial index assignment_lease).
+    expire_leases(now, limit=CLAIM_EXPIRY_BATCH)
+    if flow is not None:
+        # The membership check rides in the candidate query as a subquery.
+        member_of = FlowDefinition.objects.reviewable_by(user).filter(pk=flow.pk).values("pk")
+        return _claim_in(user, member_of, flow.order, flow.task_time_limit_seconds, now)
+    flows = (FlowDefinition.objects.reviewable_by(user).order_by("pk")
+             .values_list("pk", "order", "task_time_limit_seconds").distinct())
+    for flow_id, order, lease_seconds in flows:
+        assignment = _claim_in(user, [flow_id], order, lease_seconds, now)
+        if assignment is not None:
+            return assignment
+    return None
+
+
+def _claim_in(user, flows, order: str, lease_seconds: int, now: datetime) -> Assignment | None:
+    """A claim within one flow (`flows`: its id in a list, or a subquery yielding it)."""
+    if connection.features.has_select_for_update_skip_locked:
+        # PostgreSQL hands each claimer a locked row nobody else holds, so the
+        # compare-and-set cannot lose; only the same reviewer claiming in two sessions at
+        # once can hit the unique constraint, and then the next attempt looks again.
+        for _attempt in range(CLAIM_CANDIDATES):
+            try:
+                with transaction.atomic():
+                    candidates = _candidate_rows(user, flows, order, now, 1)
+                    if not candidates:
+                        return None
+                    loop_id = candidates[0][0]
+                    if _move_slot(loop_id):
+                        return _hold(loop_id, user, lease_seconds, now)
+            except IntegrityError:
+                continue
+        return None
+    # Elsewhere (SQLite) rows are not locked: try a few candidates, each in a savepoint.
+    with transaction.atomic():
+        for loop_id, _flow_id in _candidate_rows(user, flows, order, now, CLAIM_CANDIDATES):
+            assignment = _take_slot(loop_id, user, lease_seconds, now)
+            if assignment is not None:
+                return assignment
+    return None
+
+
+# --- answers and releases -------------------------------------------------------------------
+def _locked(assignment_id: int, user) -> tuple[HumanLoop, Assignment]:
+    """The assignment's loop locked, then the assignment read; ReviewError 404 when the
+    assignment is unknown or someone else's. Call inside a transaction. Every change to
+    a loop's assignments happens under the loop's row lock, so the assignment read after
+    it is current."""
+    owned = Assignment.objects.filter(pk=assignment_id, worker=user).values("loop_id")
+    loop = (HumanLoop.objects.select_for_update(of=("self",))
+            .select_related("flow_definition", "flow_definition__project")
+            .filter(pk__in=owned).first())
+    if loop is None:
+        raise ReviewError("assignment", "No such assignment.", status=404)
+    assignment = Assignment.objects.get(pk=assignment_id)
+    return loop, assignment
+
+
+def _return_slot(loop: HumanLoop, assignment: Assignment, status: str, now: datetime) -> None:
+    """A held slot goes back to open (release, lease ran out). Loop row locked."""
+    assignment.status = status
+    assignment.ended_at = now
+    assignment.save(update_fields=["status", "ended_at"])
+    loop.holds_count -= 1
+    if loop.status == LoopStatus.IN_PROGRESS:
+        loop.open_slots += 1
+    loop.save(update_fields=["holds_count", "open_slots"])
+
+
+def _not_answerable(loop: HumanLoop, assignment: Assignment) -> str:
+    if assignment.status == AssignmentStatus.ANSWERED:
+        return "This assignment is already answered."
+    if assignment.status == AssignmentStatus.RELEASED:
+        return "This assignment was released."
+    if assignment.status == AssignmentStatus.EXPIRED:
+        if loop.status != LoopStatus.IN_PROGRESS:
+            return f"The human loop is no longer in progress ({loop.status})."
+        return "The assignment's lease expired; its slot went back to the queue."
+    return f"The human loop is no longer in progress ({loop.status})."
+
+
+def check_answer(flow: FlowDefinition, answer: Any) -> dict:
+    if not isinstance(answer, dict):
+        raise ReviewError("answer", "Must be an object: {\"label\": ...} or {\"text\": ...}.")
+    if flow.task_type == TaskType.CLASSIFICATION:
+        label = answer.get("label")
+        if not isinstance(label, str) or label not in flow.labels:
+            raise ReviewError("answer", f"Unknown label {label!r}; choose one of: {', '.join(flow.labels)}.")
+        return {"label": label}
+    text = answer.get("text")
+    if not isinstance(text, str) or not text.strip():
+        raise ReviewError("answer", "A free-text answer needs a non-empty \"text\".")
+    if len(text) > 100_000:
+        raise ReviewError("answer", "At most 100,000 characters.")
+    return {"text": text}
+
+
+def answer_slot(assignment_id: int, user, answer: dict) -> Assignment:
+    """Record the reviewer's answer; the answer that fills the last slot consolidates.
+    An assignment whose lease ran out takes no answer (409), and its slot goes back."""
+    conflict: str | None = None
+    with transaction.atomic():
+        loop, assignment = _locked(assignment_id, user)
+        now = timezone.now()
+        if assignment.status != AssignmentStatus.HELD or loop.status != LoopStatus.IN_PROGRESS:
+            conflict = _not_answerable(loop, assignment)
+        elif assignment.lease_expires_at <= now:
+            _return_slot(loop, assignment, AssignmentStatus.EXPIRED, now)
+            conflict = "The assignment's lease expired; its slot went back to the queue."
+        else:
+            clean = check_answer(loop.flow_definition, answer)
+            assignment.status = AssignmentStatus.ANSWERED
+            assignment.answer = clean
+            assignment.answered_at = now
+            assignment.time_spent_seconds = max(0.0, (now - assignment.claimed_at).total_seconds())
+            assignment.save(update_fields=["status", "answer", "answered_at", "time_spent_seconds"])
+            loop.answers_count += 1
+            loop.holds_count -= 1
+            fields = ["answers_count", "holds_count"]
+            if loop.answers_count >= loop.answers_needed:
+                fields += _consolidate(loop, now)
+            loop.save(update_fields=fields)
+            if loop.status == LoopStatus.COMPLETED:
+                completed = loop
+                transaction.on_commit(lambda: write_output_safely(completed.pk, completed))
+    if conflict:
+        raise AssignmentConflict(conflict)
+    assignment.loop = loop
+    return assignment
+
+
+def release_slot(assignment_id: int, user) -> Assignment:
+    """The reviewer skips the item: the slot goes back, and they are not offered it again."""
+    conflict: str | None = None
+    with transaction.atomic():
+        loop, assignment = _locked(assignment_id, user)
+        now = timezone.now()
+        if assignment.status != AssignmentStatus.HELD or loop.status != LoopStatus.IN_PROGRESS:
+            conflict = _not_answerable(loop, assignment)
+        elif assignment.lease_expires_at <= now:
+            _return_slot(loop, assignment, AssignmentStatus.EXPIRED, now)
+            conflict = "The assignment's lease expired; its slot went back to the queue."
+        else:
+            _return_slot(loop, assignment, AssignmentStatus.RELEASED, now)
+    if conflict:
+        raise AssignmentConflict(conflict)
+    assignment.loop = loop
+    return assignment
+
+
+# --- consolidation --------------------------------------------------------------------------
+def vote(labels: Sequence[str]) -> tuple[Counter, str | None, bool]:
+    """(votes, winner, tie): the majority label; a tie when the top two are equal."""
+    votes = Counter(labels)
+    ranked = votes.most_common()
+    if not ranked:
+        return votes, None, False
+    tie = len(ranked) > 1 and ranked[0][1] == ranked[1][1]
+    return votes, ranked[0][0], tie
+
+
+def _consolidate(loop: HumanLoop, now: datetime) -> list[str]:
+    """All needed answers are in (loop row locked): complete, or escalate a tie by one
+    more slot. Returns the loop fields changed."""
+    if loop.flow_definition.task_type == TaskType.FREE_TEXT:
+        loop.status = LoopStatus.COMPLETED
+        loop.completed_at = now
+        loop.consolidated_label = ""
+        loop.agreement = None
+        return ["status", "completed_at", "consolidated_label", "agreement"]
+    labels = [a["label"] for a in loop.assignments.filter(status=AssignmentStatus.ANSWERED)
+              .values_list("answer", flat=True) if isinstance(a, dict) and "label" in a]
+    votes, winner, tie = vote(labels)
+    if tie and loop.escalations < MAX_ESCALATIONS and _someone_left_to_ask(loop):
+        loop.answers_needed += 1
+        loop.open_slots += 1
+        loop.escalations += 1
+        return ["answers_needed", "open_slots", "escalations"]
+    loop.status = LoopStatus.COMPLETED
+    loop.completed_at = now
+    loop.consolidated_label = NO_CONSENSUS if tie else (winner or NO_CONSENSUS)
+    loop.agreement = (votes.most_common(1)[0][1] / len(labels)) if labels else None
+    return ["status", "completed_at", "consolidated_label", "agreement"]
+
+
+def _someone_left_to_ask(loop: HumanLoop) -> bool:
+    """Whether a member of the flow's team has not yet held, answered or skipped this
+    loop: without one, a tie-breaking slot could never be filled and the loop would only
+    wait to expire, so it completes as no consensus instead."""
+    asked = Assignment.objects.filter(loop=loop, status__in=LIVE_ASSIGNMENT_STATUSES).values("worker_id")
+    return loop.flow_definition.work_team.members.exclude(pk__in=asked).exists()
+
+
+# --- stopping and expiry --------------------------------------------------------------------
+def _end_loop(loop: HumanLoop, status: str, now: datetime) -> None:
+    """Finish an InProgress loop (row locked): held assignments expire, no slot stays open."""
+    Assignment.objects.filter(loop=loop, status=AssignmentStatus.HELD).update(
+        status=AssignmentStatus.EXPIRED, ended_at=now)
+    loop.status = status
+    loop.completed_at = now
+    loop.open_slots = 0
+    loop.holds_count = 0
+    loop.save(update_fields=["status", "completed_at", "open_slots", "holds_count"])
+
+
+def stop_loop(loop: HumanLoop, user=None) -> HumanLoop:
+    """StopHumanLoop: an InProgress loop ends Stopped; answers already given are kept."""
+    with transaction.atomic():
+        locked = HumanLoop.objects.select_for_update().get(pk=loop.pk)
+        if locked.status != LoopStatus.IN_PROGRESS:
+            raise ReviewError("status", f"The human loop is {locked.status}; only InProgress loops can be stopped.",
+                              status=409)
+        _end_loop(locked, LoopStatus.STOPPED, timezone.now())
+    return locked
+
+
+def _lock_if_free(loop_id: int) -> HumanLoop | None:
+    """The loop row locked, or None when another transaction holds it (skip, retry later)."""
+    loops = HumanLoop.objects.filter(pk=loop_id)
+    if connection.features.has_select_for_update_skip_locked:
+        loops = loops.select_for_update(skip_locked=True)
+    return loops.first()
+
+
+def expire_leases(now: datetime | None = None, *, limit: int = EXPIRE_BATCH) -> int:
+    """Held assignments past their lease give their slot back. Cheap when there are none
+    (the partial index assignment_lease holds only held rows)."""
+    now = now or timezone.now()
+    expired = Assignment.objects.filter(status=AssignmentStatus.HELD, lease_expires_at__lte=now)
+    rows = list(expired.order_by("lease_expires_at").values_list("pk", "loop_id")[:limit])
+    returned = 0
+    for assignment_id, loop_id in rows:
+        with transaction.atomic():
+            loop = _lock_if_free(loop_id)
+            if loop is None:
+                continue
+            assignment = Assignment.objects.select_for_update().get(pk=assignment_id)
+            if assignment.status != AssignmentStatus.HELD or assignment.lease_expires_at > now:
+                continue
+            _return_slot(loop, assignment, AssignmentStatus.EXPIRED, now)
+            returned += 1
+    return returned
+
+
+def expire_loops(now: datetime | None = None, *, limit: int = EXPIRE_BATCH) -> int:
+    """InProgress loops past task_availability_seconds end Expired."""
+    now = now or timezone.now()
+    ids = list(HumanLoop.objects.filter(status=LoopStatus.IN_PROGRESS, expires_at__lte=now)
+               .order_by("expires_at").values_list("pk", flat=True)[:limit])
+    ended = 0
+    for loop_id in ids:
+        with transaction.atomic():
+            loop = _lock_if_free(loop_id)
+            if loop is None or loop.status != LoopStatus.IN_PROGRESS or loop.expires_at > now:
+                continue
+            _end_loop(loop, LoopStatus.EXPIRED, now)
+            ended += 1
+    return ended
+
+
+def write_missing_outputs(now: datetime | None = None, *, limit: int = EXPIRE_BATCH) -> int:
+    """Completed loops whose output JSON is not written (the store was down at commit)."""
+    now = now or timezone.now()
+    ids = list(HumanLoop.objects.filter(status=LoopStatus.COMPLETED, output_uri="",
+                                        completed_at__lte=now - OUTPUT_RETRY_AFTER)
+               .order_by("completed_at").values_list("pk", flat=True)[:limit])
+    return sum(1 for loop_id in ids if write_output_safely(loop_id))
+
+
+def expire_review_work(now: datetime | None = None) -> dict:
+    """The beat's housekeeping: leases → slots back; loops past expires_at → Expired;
+    unwritten outputs written."""
+    now = now or timezone.now()
+    return {"leases": expire_leases(now), "loops": expire_loops(now), "outputs": write_missing_outputs(now)}
+
+
+# --- output JSON ----------------------------------------------------------------------------
+def write_output(loop_id: int, loop: HumanLoop | None = None) -> str:
+    """Write the loop's A2I-shaped output JSON and record its URI. `loop`: the instance
+    just completed (with its flow and project), which saves reading it again."""
+    from review.output import write_loop_output
+
+    if loop is None:
+        loop = HumanLoop.objects.select_related("flow_definition", "flow_definition__project").get(pk=loop_id)
+    uri = write_loop_output(loop)
+    HumanLoop.objects.filter(pk=loop_id).update(output_uri=uri)
+    loop.output_uri = uri
+    return uri
+
+
+def write_output_safely(loop_id: int, loop: HumanLoop | None = None) -> str | None:
+    """write_output, logging instead of raising: the answers are in the database and
+    expire_review_work retries."""
+    try:
+        return write_output(loop_id, loop)
+    except Exception:
+        log.warning("could not write the output of human loop %s; will retry", loop_id, exc_info=True)
+        return None
+
+
+# --- export and retrain ---------------------------------------------------------------------
+def export_flow(flow: FlowDefinition, user, dataset_name: str | None = None):
+    from review.export import export_flow as run_export
+
+    return run_export(flow, user, dataset_name)
+
+
+def retrain_from_export(version, user):
+    from review.export import retrain_from_export as run_retrain
+
+    return run_retrain(version, user)
+
+
+def claims_query_filter(user) -> Q:
+    """Loops a reviewer may see: those of their teams' flows."""
+    return Q(flow_definition__work_team__members=user)

@@ -1,0 +1,266 @@
+"""Review endpoints: work teams, flow definitions, human loops (management), the reviewer
+API (claim, answer, release), export and retrain."""
+
+from __future__ import annotations
+
+from django.contrib.auth import get_user_model
+from django.db.models import Prefetch
+from django.http import Http404
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from review import actions
+from review.access import (
+    flows_visible_to,
+    get_flow_for_user,
+    get_loop_for_user,
+    get_reviewable_flow,
+    get_work_team_for_user,
+)
+from review.actions import ReviewError
+from review.models import Assignment, AssignmentStatus, FlowDefinition, HumanLoop, LoopStatus, WorkTeam
+from review.serializers import (
+    AnswerSerializer,
+    ClaimSerializer,
+    ExportSerializer,
+    FlowDefinitionCreateSerializer,
+    HumanLoopCreateSerializer,
+    WorkTeamCreateSerializer,
+    claim_json,
+    flow_json,
+    loop_json,
+    work_team_json,
+)
+from studio.access import check_role, get_project_for_user
+from studio.api import ApiError, PaginatedAPIView, paginate, project_for_write
+from studio.models import Project
+
+STATUS_CODES = {404: "not_found", 409: "conflict", 400: "invalid"}
+
+
+def api_error(exc: ReviewError) -> ApiError:
+    return ApiError(f"{exc.field}: {exc.message}" if exc.status == 400 else exc.message,
+                    code=STATUS_CODES.get(exc.status, "invalid"), status_code=exc.status,
+                    fields={exc.field: [exc.message]})
+
+
+# --- work teams -----------------------------------------------------------------------------
+class WorkTeamListView(PaginatedAPIView):
+    @extend_schema(parameters=[OpenApiParameter("project", str)], responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request) -> Response:
+        teams = WorkTeam.objects.select_related("project").filter(project__in=Project.objects.readable_by(request.user))
+        if slug := request.query_params.get("project"):
+            teams = teams.filter(project=get_project_for_user(request.user, slug))
+        teams = teams.prefetch_related(Prefetch("members", queryset=get_user_model().objects.only("username")))
+
+        def rows(page: list[WorkTeam]) -> list[dict]:
+            return [work_team_json(t, sorted(m.username for m in t.members.all())) for t in page]
+
+        return paginate(self, request, teams.order_by("project__slug", "name"), rows)
+
+    @extend_schema(request=WorkTeamCreateSerializer, responses={201: OpenApiTypes.OBJECT})
+    def post(self, request: Request) -> Response:
+        serializer = WorkTeamCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        project = project_for_write(request.user, data["project"])
+        usernames = list(dict.fromkeys(data["members"]))
+        users = list(get_user_model().objects.filter(username__in=usernames))
+        unknown = sorted(set(usernames) - {u.username for u in users})
+        if unknown:
+            raise ApiError(f"members: Not members of project '{project.slug}': {', '.join(unknown)}.",
+                           fields={"members": [f"Not members of project '{project.slug}': {', '.join(unknown)}."]})
+        try:
+            team = actions.create_work_team(project=project, name=data["name"], members=users, user=request.user,
+                                            description=data["description"])
+        except ReviewError as exc:
+            raise api_error(exc) from exc
+        return Response(work_team_json(team), status=status.HTTP_201_CREATED)
+
+
+class WorkTeamDetailView(APIView):
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request, pk: int) -> Response:
+        return Response(work_team_json(get_work_team_for_user(request.user, pk)))
+
+
+# --- flow definitions -----------------------------------------------------------------------
+class FlowDefinitionListView(PaginatedAPIView):
+    @extend_schema(parameters=[OpenApiParameter("project", str)], responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request) -> Response:
+        flows = flows_visible_to(request.user).select_related("project", "work_team", "created_by")
+        if slug := request.query_params.get("project"):
+            project = Project.objects.filter(slug=slug).first()
+            if project is None:
+                raise Http404(f"No project '{slug}'.")
+            flows = flows.filter(project=project)
+        return paginate(self, request, flows.order_by("project__slug", "name"),
+                        lambda page: [flow_json(f) for f in page])
+
+    @extend_schema(request=FlowDefinitionCreateSerializer, responses={201: OpenApiTypes.OBJECT})
+    def post(self, request: Request) -> Response:
+        serializer = FlowDefinitionCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = dict(serializer.validated_data)
+        team = (WorkTeam.objects.select_related("project")
+                .filter(pk=data["work_team"], project__in=Project.objects.readable_by(request.user)).first())
+        if team is None:
+            raise ApiError("work_team: No such work team.", fields={"work_team": ["No such work team."]})
+        if data.get("project") and data["project"] != team.project.slug:
+            raise ApiError("work_team: The work team belongs to another project.",
+                           fields={"work_team": ["The work team belongs to another project."]})
+        project = project_for_write(request.user, team.project.slug)
+        data["work_team"] = team
+        try:
+            flow = actions.create_flow_definition(project=project, user=request.user, data=data)
+        except ReviewError as exc:
+            raise api_error(exc) from exc
+        return Response(flow_json(flow), status=status.HTTP_201_CREATED)
+
+
+class FlowDefinitionDetailView(APIView):
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request, pk: int) -> Response:
+        return Response(flow_json(get_flow_for_user(request.user, pk)))
+
+
+class FlowDefinitionExportView(APIView):
+    @extend_schema(request=ExportSerializer, responses={201: OpenApiTypes.OBJECT})
+    def post(self, request: Request, pk: int) -> Response:
+        from datasets.serializers import DatasetVersionSerializer
+
+        flow = get_flow_for_user(request.user, pk, write=True)
+        serializer = ExportSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        try:
+            version = actions.export_flow(flow, request.user, serializer.validated_data["dataset"])
+        except ReviewError as exc:
+            raise api_error(exc) from exc
+        return Response(DatasetVersionSerializer(version).data, status=status.HTTP_201_CREATED)
+
+
+class RetrainView(APIView):
+    @extend_schema(request=None, responses={201: OpenApiTypes.OBJECT})
+    def post(self, request: Request, pk: int) -> Response:
+        from datasets.api import get_version_for_user
+        from jobs.api import job_detail_queryset
+        from jobs.serializers import JobSerializer
+
+        version = get_version_for_user(request.user, pk, write=True)
+        try:
+            job = actions.retrain_from_export(version, request.user)
+        except ReviewError as exc:
+            raise api_error(exc) from exc
+        return Response(JobSerializer(job_detail_queryset().get(pk=job.pk)).data, status=status.HTTP_201_CREATED)
+
+
+# --- human loops ----------------------------------------------------------------------------
+def loop_queryset():
+    return HumanLoop.objects.select_related("project", "flow_definition")
+
+
+class HumanLoopListView(PaginatedAPIView):
+    @extend_schema(parameters=[OpenApiParameter(n, str) for n in ("flow_definition", "status", "project")],
+                   responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request) -> Response:
+        loops = loop_queryset().filter(project__in=Project.objects.readable_by(request.user))
+        params = request.query_params
+        if slug := params.get("project"):
+            loops = loops.filter(project=get_project_for_user(request.user, slug))
+        if flow_id := params.get("flow_definition"):
+            if not flow_id.isdigit():
+                raise ApiError("flow_definition: Must be an integer id.",
+                               fields={"flow_definition": ["Must be an integer id."]})
+            loops = loops.filter(flow_definition_id=int(flow_id))
+        if wanted := params.get("status"):
+            statuses = wanted.split(",")
+            unknown = sorted(set(statuses) - set(LoopStatus.values))
+            if unknown:
+                message = f"Unknown status {', '.join(unknown)}; use {', '.join(LoopStatus.values)}."
+                raise ApiError(f"status: {message}", fields={"status": [message]})
+            loops = loops.filter(status__in=statuses)
+        return paginate(self, request, loops.order_by("-created_at", "-id"), lambda page: [loop_json(x) for x in page])
+
+    @extend_schema(request=HumanLoopCreateSerializer, responses={201: OpenApiTypes.OBJECT})
+    def post(self, request: Request) -> Response:
+        serializer = HumanLoopCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        flow = (FlowDefinition.objects.select_related("project")
+                .filter(pk=data["flow_definition"], project__in=Project.objects.readable_by(request.user)).first())
+        if flow is None:
+            raise ApiError("flow_definition: No such flow definition.",
+                           fields={"flow_definition": ["No such flow definition."]})
+        check_role(request.user, flow.project, write=True)
+        try:
+            loop = actions.start_human_loop(name=data["name"], flow=flow, input_content=data["input_content"],
+                                            user=request.user, prediction=data["prediction"])
+        except ReviewError as exc:
+            raise api_error(exc) from exc
+        return Response(loop_json(loop_queryset().get(pk=loop.pk), answers=[]), status=status.HTTP_201_CREATED)
+
+
+def loop_detail(loop: HumanLoop) -> dict:
+    answers = list(Assignment.objects.filter(loop=loop, status=AssignmentStatus.ANSWERED)
+                   .select_related("worker").order_by("answered_at", "id"))
+    return loop_json(loop, answers=answers)
+
+
+class HumanLoopDetailView(APIView):
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request, name: str) -> Response:
+        return Response(loop_detail(get_loop_for_user(request.user, name)))
+
+
+class HumanLoopStopView(APIView):
+    @extend_schema(request=None, responses={200: OpenApiTypes.OBJECT})
+    def post(self, request: Request, name: str) -> Response:
+        loop = get_loop_for_user(request.user, name, write=True)
+        try:
+            actions.stop_loop(loop, request.user)
+        except ReviewError as exc:
+            raise api_error(exc) from exc
+        return Response(loop_detail(loop_queryset().get(pk=loop.pk)))
+
+
+# --- the reviewer API -----------------------------------------------------------------------
+class ClaimView(APIView):
+    @extend_schema(request=ClaimSerializer, responses={200: OpenApiTypes.OBJECT, 204: None})
+    def post(self, request: Request) -> Response:
+        serializer = ClaimSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        flow_id = serializer.validated_data["flow_definition"]
+        flow = get_reviewable_flow(request.user, flow_id) if flow_id else None
+        assignment = actions.claim_next_slot(request.user, flow)
+        if assignment is None:
+            return Response(status=status.HTTP_204_NO_CONTENT)
+        assignment = Assignment.objects.select_related("loop", "loop__flow_definition").get(pk=assignment.pk)
+        return Response(claim_json(assignment))
+
+
+class AnswerView(APIView):
+    @extend_schema(request=AnswerSerializer, responses={200: OpenApiTypes.OBJECT})
+    def post(self, request: Request, pk: int) -> Response:
+        serializer = AnswerSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        try:
+            assignment = actions.answer_slot(pk, request.user, serializer.validated_data["answer"])
+        except ReviewError as exc:
+            raise api_error(exc) from exc
+        return Response({"assignment": assignment.pk, "status": assignment.status,
+                         "human_loop": assignment.loop.name, "loop_status": assignment.loop.status})
+
+
+class ReleaseView(APIView):
+    @extend_schema(request=None, responses={200: OpenApiTypes.OBJECT})
+    def post(self, request: Request, pk: int) -> Response:
+        try:
+            assignment = actions.release_slot(pk, request.user)
+        except ReviewError as exc:
+            raise api_error(exc) from exc
+        return Response({"assignment": assignment.pk, "status": assignment.status,
+                         "human_loop": assignment.loop.name})
