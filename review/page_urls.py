@@ -8,4 +8,13 @@ from review import views
 
 urlpatterns = [
     path("", views.review_inbox, name="review-inbox"),
+    path("counts/", views.review_inbox_counts, name="review-inbox-counts"),
+    path("held/", views.review_inbox_held, name="review-inbox-held"),
+    path("flows/", views.flow_list, name="review-flows"),
+    path("flows/new/", views.flow_create, name="review-flow-create"),
+    path("teams/new/", views.team_create, name="review-team-create"),
+    path("flows/<int:pk>/", views.flow_detail, name="review-flow"),
+    path("flows/<int:pk>/data/", views.flow_data, name="review-flow-data"),
+    path("flows/<int:pk>/export/", views.flow_export, name="review-flow-export"),
+    path("flows/<int:pk>/exports/<int:version_pk>/retrain/", views.flow_retrain, name="review-flow-retrain"),
 ]

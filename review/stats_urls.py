@@ -2,4 +2,10 @@
 
 from __future__ import annotations
 
-urlpatterns: list = []
+from django.urls import path
+
+from review import api_stats
+
+urlpatterns = [
+    path("flow-definitions/<int:pk>/stats/", api_stats.FlowStatsView.as_view(), name="api-flow-definition-stats"),
+]

@@ -29,6 +29,7 @@ from jobs.node_overview import (
     silent_not_swept,
     warm_expires_in,
 )
+from review.stats import review_backlog
 from studio.access import is_reviewer_only
 from studio.models import WRITE_ROLES, Membership, Project, Role
 
@@ -168,6 +169,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         "node_states": Counter(node.state for node in nodes),
         "can_upload": any(entry.can_write for entry in project_roles(request)),
         "lost_after": settings.STUDIO_NODE_LOST_SECONDS,
+        "review_backlog": review_backlog(projects),
     })
 
 

@@ -1,0 +1,95 @@
+// A review flow's page: two plotly charts drawn from the flow's stats JSON (the container's
+// data-url) — items completed per hour over the last 24 hours, and the confusion matrix of
+// the model's labels against the people's consolidated labels — refreshed every 30 s.
+// Labels are user data and plotly reads a few HTML tags in them, so they are escaped.
+(function () {
+  "use strict";
+
+  var container = document.getElementById("review-charts");
+  if (!container) return;
+  var url = container.getAttribute("data-url");
+  var styles = getComputedStyle(document.documentElement);
+  var font = styles.getPropertyValue("--font").trim() || "system-ui, sans-serif";
+  var CONFIG = { displayModeBar: false, responsive: true };
+  var REFRESH_MS = 30000;
+
+  function escapeLabel(text) {
+    return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+  }
+
+  function layout(extra) {
+    var base = {
+      margin: { l: 48, r: 16, t: 8, b: 40 }, height: 200,
+      font: { family: font, size: 12, color: "#4a5565" },
+      xaxis: { gridcolor: "#eef0f3", zeroline: false }, yaxis: { gridcolor: "#eef0f3", zeroline: false, automargin: true },
+      showlegend: false, paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
+    };
+    Object.keys(extra || {}).forEach(function (key) { base[key] = extra[key]; });
+    return base;
+  }
+
+  function show(id, visible) {
+    var chart = document.getElementById(id + "-chart");
+    if (!chart) return false;
+    chart.hidden = !visible;
+    document.getElementById(id + "-empty").hidden = visible;
+    return true;
+  }
+
+  function drawHourly(series) {
+    var total = series.reduce(function (sum, point) { return sum + point.completed; }, 0);
+    if (!show("hourly", total > 0) || !total) return;
+    window.Plotly.react(document.getElementById("hourly-chart"), [{
+      type: "bar", x: series.map(function (point) { return point.hour; }),
+      y: series.map(function (point) { return point.completed; }),
+      marker: { color: "#23804a" }, hovertemplate: "%{x|%H:00}: %{y} completed<extra></extra>",
+    }], layout({
+      xaxis: { type: "date", tickformat: "%H:00", gridcolor: "#eef0f3", zeroline: false },
+      yaxis: { gridcolor: "#eef0f3", zeroline: false, rangemode: "tozero", tickformat: ",d", automargin: true },
+    }), CONFIG);
+  }
+
+  function drawConfusion(result) {
+    var confusion = result.confusion;
+    var visible = confusion.matrix.length > 0;
+    if (!show("confusion", visible) || !visible) return;
+    var human = confusion.human_labels.map(escapeLabel);
+    var model = confusion.model_labels.map(escapeLabel);
+    var text = confusion.matrix.map(function (row) { return row.map(String); });
+    var size = Math.max(model.length, human.length);
+    window.Plotly.react(document.getElementById("confusion-chart"), [{
+      type: "heatmap", z: confusion.matrix, x: human, y: model, text: text, texttemplate: "%{text}",
+      colorscale: [[0, "#f7f8fa"], [1, "#2f4fc7"]], showscale: false, xgap: 2, ygap: 2,
+      hovertemplate: "model %{y} · people %{x}: %{z}<extra></extra>",
+    }], layout({
+      height: Math.max(220, 60 + 44 * size),
+      margin: { l: 96, r: 16, t: 8, b: 56 },
+      xaxis: { title: { text: "people (consensus)" }, type: "category", side: "bottom" },
+      yaxis: { title: { text: "model" }, type: "category", autorange: "reversed", automargin: true },
+    }), CONFIG);
+  }
+
+  function draw(stats) {
+    drawHourly(stats.completed_per_hour);
+    drawConfusion(stats.model_vs_human);
+  }
+
+  function load() {
+    return fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } })
+      .then(function (response) {
+        if (!response.ok) throw new Error(url + " answered " + response.status);
+        return response.json();
+      })
+      .then(draw)
+      .catch(function () { /* a dropped request: the next refresh asks again */ });
+  }
+
+  function start() {
+    if (!window.Plotly) return;
+    load();
+    window.setInterval(load, REFRESH_MS);
+  }
+
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
+})();
