@@ -50,7 +50,7 @@ def api_error(exc: ReviewError) -> ApiError:
 
 # --- work teams -----------------------------------------------------------------------------
 class WorkTeamListView(PaginatedAPIView):
-    @extend_schema(parameters=[OpenApiParameter("project", str)], responses=OpenApiTypes.OBJECT)
+    @extend_schema(operation_id="work_teams_list", parameters=[OpenApiParameter("project", str)], responses=OpenApiTypes.OBJECT)
     def get(self, request: Request) -> Response:
         teams = WorkTeam.objects.select_related("project").filter(project__in=Project.objects.readable_by(request.user))
         if slug := request.query_params.get("project"):
@@ -90,7 +90,8 @@ class WorkTeamDetailView(APIView):
 
 # --- flow definitions -----------------------------------------------------------------------
 class FlowDefinitionListView(PaginatedAPIView):
-    @extend_schema(parameters=[OpenApiParameter("project", str)], responses=OpenApiTypes.OBJECT)
+    @extend_schema(operation_id="flow_definitions_list", parameters=[OpenApiParameter("project", str)],
+                   responses=OpenApiTypes.OBJECT)
     def get(self, request: Request) -> Response:
         flows = flows_visible_to(request.user).select_related("project", "work_team", "created_by")
         if slug := request.query_params.get("project"):
@@ -164,7 +165,7 @@ def loop_queryset():
 
 
 class HumanLoopListView(PaginatedAPIView):
-    @extend_schema(parameters=[OpenApiParameter(n, str) for n in ("flow_definition", "status", "project")],
+    @extend_schema(operation_id="human_loops_list", parameters=[OpenApiParameter(n, str) for n in ("flow_definition", "status", "project")],
                    responses=OpenApiTypes.OBJECT)
     def get(self, request: Request) -> Response:
         loops = loop_queryset().filter(project__in=Project.objects.readable_by(request.user))
