@@ -8,6 +8,7 @@ ever held twice and no answer is lost or counted twice.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import uuid
@@ -41,7 +42,7 @@ LOOP_NAME_MAX = 128
 CLAIM_CANDIDATES = 8  # how many loops one claim tries before giving up (lost races on SQLite)
 EXPIRE_BATCH = 200  # leases/loops handled per beat step, so one tick stays short
 CLAIM_EXPIRY_BATCH = 20  # expired leases a claim returns before it looks (beat does the rest)
-OUTPUT_RETRY_AFTER = timedelta(seconds=10)  # leave a fresh completion to its own on_commit write
+OUTPUT_RETRY_AFTER = timedelta(seconds=10)  # leave a fresh completion to its own write task
 
 
 class ReviewError(Exception):
@@ -241,6 +242,9 @@ def claim_next_slot(user, flow: FlowDefinition | None = None) -> Assignment | No
     # beat. One indexed query when none has (the partial index assignment_lease).
     expire_leases(now, limit=CLAIM_EXPIRY_BATCH)
     if flow is not None:
+        if connection.features.has_select_for_update_skip_locked:
+            # The membership check rides in the claim statement.
+            return _claim_in(user, [flow.pk], flow.order, flow.task_time_limit_seconds, now)
         # The membership check rides in the candidate query as a subquery.
         member_of = FlowDefinition.objects.reviewable_by(user).filter(pk=flow.pk).values("pk")
         return _claim_in(user, member_of, flow.order, flow.task_time_limit_seconds, now)
@@ -253,8 +257,63 @@ def claim_next_slot(user, flow: FlowDefinition | None = None) -> Assignment | No
     return None
 
 
+# PostgreSQL: the whole claim is one statement (ARCHITECTURE: the lean path on hot
+# endpoints): pick the first open loop of the flow that the reviewer holds, answered or
+# skipped nothing of, locked with SKIP LOCKED so concurrent claimers never wait on one
+# another or get the same row; move one of its slots from open to held; insert the hold.
+# The membership check rides along, so a non-member gets nothing. The ORDER BY matches
+# the partial indexes loop_claim_oldest / loop_claim_least_confident.
+_CLAIM_SQL = """
+WITH candidate AS (
+    SELECT l.id FROM review_humanloop l
+    WHERE l.flow_definition_id = %(flow)s AND l.status = 'InProgress' AND l.open_slots > 0
+      AND l.expires_at > %(now)s
+      AND EXISTS (SELECT 1 FROM review_flowdefinition f JOIN {members} m ON m.workteam_id = f.work_team_id
+                  WHERE f.id = %(flow)s AND m.user_id = %(user)s)
+      AND NOT EXISTS (SELECT 1 FROM review_assignment a WHERE a.loop_id = l.id AND a.worker_id = %(user)s
+                      AND a.status IN ('held', 'answered', 'released'))
+    ORDER BY {order}
+    LIMIT 1
+    FOR UPDATE OF l SKIP LOCKED
+), moved AS (
+    UPDATE review_humanloop h SET open_slots = h.open_slots - 1, holds_count = h.holds_count + 1
+    FROM candidate WHERE h.id = candidate.id AND h.open_slots > 0
+    RETURNING h.id
+)
+INSERT INTO review_assignment (loop_id, worker_id, status, claimed_at, lease_expires_at)
+SELECT moved.id, %(user)s, 'held', %(now)s, %(lease)s FROM moved
+RETURNING id, loop_id
+"""
+_CLAIM_ORDER = {LoopOrder.OLDEST: "l.created_at, l.id", LoopOrder.LEAST_CONFIDENT: "l.confidence ASC NULLS LAST, l.id"}
+
+
+def _claim_in_postgres(user, flow_id: int, order: str, lease_seconds: int, now: datetime) -> Assignment | None:
+    sql = _CLAIM_SQL.format(members=WorkTeam.members.through._meta.db_table,
+                            order=_CLAIM_ORDER.get(order, _CLAIM_ORDER[LoopOrder.OLDEST]))
+    lease_expires_at = now + timedelta(seconds=lease_seconds)
+    params = {"flow": flow_id, "user": user.pk, "now": now, "lease": lease_expires_at}
+    for _attempt in range(CLAIM_CANDIDATES):
+        try:
+            # One statement, atomic by itself (no BEGIN/COMMIT round trips); inside a
+            # caller's transaction, a savepoint so a lost race does not poison it.
+            guard = transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext()
+            with guard, connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                row = cursor.fetchone()
+        except IntegrityError:
+            # The same reviewer claiming in two sessions at once: look again.
+            continue
+        if row is None:
+            return None
+        return Assignment(pk=row[0], loop_id=row[1], worker=user, status=AssignmentStatus.HELD, claimed_at=now,
+                          lease_expires_at=lease_expires_at)
+    return None
+
+
 def _claim_in(user, flows, order: str, lease_seconds: int, now: datetime) -> Assignment | None:
     """A claim within one flow (`flows`: its id in a list, or a subquery yielding it)."""
+    if connection.features.has_select_for_update_skip_locked and isinstance(flows, list):
+        return _claim_in_postgres(user, flows[0], order, lease_seconds, now)
     if connection.features.has_select_for_update_skip_locked:
         # PostgreSQL hands each claimer a locked row nobody else holds, so the
         # compare-and-set cannot lose; only the same reviewer claiming in two sessions at
@@ -362,7 +421,7 @@ def answer_slot(assignment_id: int, user, answer: dict) -> Assignment:
             loop.save(update_fields=fields)
             if loop.status == LoopStatus.COMPLETED:
                 completed = loop
-                transaction.on_commit(lambda: write_output_safely(completed.pk, completed))
+                transaction.on_commit(lambda: _write_output_soon(completed.pk))
     if conflict:
         raise AssignmentConflict(conflict)
     assignment.loop = loop
@@ -526,6 +585,18 @@ def write_output(loop_id: int, loop: HumanLoop | None = None) -> str:
     HumanLoop.objects.filter(pk=loop_id).update(output_uri=uri)
     loop.output_uri = uri
     return uri
+
+
+def _write_output_soon(loop_id: int) -> None:
+    """Hand the output JSON to the control worker: an object-store write (a PUT to S3)
+    does not belong in a reviewer's answer request. If the broker is unreachable the
+    answer still stands; expire_review_work writes the output on a later tick."""
+    from review.tasks import write_output_task
+
+    try:
+        write_output_task.delay(loop_id)
+    except Exception:
+        log.warning("could not enqueue the output of human loop %s; beat will write it", loop_id, exc_info=True)
 
 
 def write_output_safely(loop_id: int, loop: HumanLoop | None = None) -> str | None:

@@ -12,6 +12,7 @@ from datasets.storage import object_uri
 from review import actions
 from review.models import MAX_ESCALATIONS, NO_CONSENSUS, Assignment, HumanLoop, LoopStatus
 from review.output import read_loop_output
+from review.tasks import write_output_task
 
 pytestmark = pytest.mark.django_db
 
@@ -75,8 +76,12 @@ def test_the_output_json_has_a2is_shape(make_flow, make_loops, owner, reviewers,
                                         django_capture_on_commit_callbacks):
     flow = make_flow(task_count=2, work_team=team(owner, *reviewers(2)))
     [loop] = make_loops(flow, 1, content=lambda i: {"text": "<script>alert(1)</script> a cat"})
-    with django_capture_on_commit_callbacks(execute=True):
+    with django_capture_on_commit_callbacks() as callbacks:
         done = answer_in_turn(loop, reviewers(2), labels("cat", "cat"))
+    assert len(callbacks) == 1  # the completing answer hands the write to the control worker
+    done.refresh_from_db()
+    assert done.output_uri == ""
+    write_output_task(loop.pk)  # what the control worker runs
     done.refresh_from_db()
     assert done.output_uri == object_uri(f"review/acme/flows/{flow.pk}/loops/{loop.name}/output.json")
     output = read_loop_output(done)
@@ -103,8 +108,9 @@ def test_an_output_that_could_not_be_written_is_written_later(make_flow, make_lo
     blocker.write_text("a file where the store should be")
     settings.STUDIO_OBJECT_STORE = blocker.as_uri()
     held = actions.claim_next_slot(reviewer)
-    with django_capture_on_commit_callbacks(execute=True):
+    with django_capture_on_commit_callbacks():
         actions.answer_slot(held.pk, reviewer, {"label": "dog"})
+    assert write_output_task(loop.pk) is None  # the worker's write fails: the store is a file
     done = HumanLoop.objects.get(pk=loop.pk)
     assert done.status == LoopStatus.COMPLETED and done.output_uri == ""
     settings.STUDIO_OBJECT_STORE = good_store
