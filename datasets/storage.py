@@ -335,3 +335,21 @@ def sha256_stream(stream: IO[bytes]) -> tuple[str, int]:
         digest.update(chunk)
         size += len(chunk)
     return digest.hexdigest(), size
+
+
+def download_response(uri: str, filename: str, content_type: str = "application/gzip"):
+    """An object as a download: streamed from a file:// store, or a redirect to a
+    short-lived presigned link for S3 (the bytes then never pass through the web server).
+    Http404 with the store's reason when it cannot be read."""
+    from django.http import FileResponse, Http404
+    from django.shortcuts import redirect
+
+    try:
+        if split_uri(uri)[0] == "s3":
+            return redirect(S3Store().presigned_url(uri, expires_seconds=600, filename=filename))
+        stream = store_for(uri).open_read(uri)
+    except StorageError as exc:
+        raise Http404(f"The file could not be read from storage: {exc}") from exc
+    response = FileResponse(stream, as_attachment=True, filename=filename, content_type=content_type)
+    response["Cache-Control"] = "private, no-store"
+    return response

@@ -6,7 +6,6 @@ import json
 from typing import Any
 
 from django.http import Http404, HttpResponse
-from django.shortcuts import redirect
 from django.utils.text import slugify
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -134,23 +133,12 @@ class ModelDetailView(APIView):
 def download_version(request, model: Model, number: int) -> HttpResponse:
     """model.tar.gz of a version: streamed from a file:// store, or a short-lived
     presigned link for S3 (the bytes then never pass through the web server)."""
-    from django.http import FileResponse
-
-    from datasets.storage import S3Store, StorageError, split_uri, store_for
+    from datasets.storage import download_response
 
     version = model.versions.filter(version=number).first()
     if version is None:
         raise Http404(f"Model '{model.name}' has no version {number}.")
-    filename = f"{slugify(model.name) or 'model'}-v{version.version}-model.tar.gz"
-    try:
-        if split_uri(version.artifact_uri)[0] == "s3":
-            return redirect(S3Store().presigned_url(version.artifact_uri, expires_seconds=600, filename=filename))
-        stream = store_for(version.artifact_uri).open_read(version.artifact_uri)
-    except StorageError as exc:
-        raise Http404(f"The model could not be read from storage: {exc}") from exc
-    response = FileResponse(stream, as_attachment=True, filename=filename, content_type="application/gzip")
-    response["Cache-Control"] = "private, no-store"
-    return response
+    return download_response(version.artifact_uri, f"{slugify(model.name) or 'model'}-v{version.version}-model.tar.gz")
 
 
 class ModelVersionDownloadView(APIView):

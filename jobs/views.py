@@ -19,14 +19,14 @@ from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.db import connection
 from django.db.models import Prefetch, QuerySet
-from django.http import FileResponse, Http404, HttpRequest, HttpResponse, QueryDict, StreamingHttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, QueryDict, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.text import slugify
 
 from datasets.models import Dataset, DatasetVersion, VersionStatus
-from datasets.storage import S3Store, StorageError, join_uri, split_uri, store_for
+from datasets.storage import StorageError, download_response, join_uri, store_for
 from jobs.access import get_job_for_user
 from jobs.forms import DISTRIBUTION_HELP, JobForm, clone_initial
 from jobs.models import Distribution, JobAttempt, JobEvent, JobInput, JobStatus, Node, SystemMetric, TrainingJob
@@ -367,16 +367,7 @@ def job_model(request: HttpRequest, pk: int) -> HttpResponse:
     job = get_job_for_user(request.user, pk)
     if not job.model_uri:
         raise Http404("This job has no model artifact (yet).")
-    filename = f"{slugify(job.name) or 'job'}-{job.pk}-model.tar.gz"
-    try:
-        if split_uri(job.model_uri)[0] == "s3":
-            return redirect(S3Store().presigned_url(job.model_uri, expires_seconds=600, filename=filename))
-        stream = store_for(job.model_uri).open_read(job.model_uri)
-    except StorageError as exc:
-        raise Http404(f"The model could not be read from storage: {exc}") from exc
-    response = FileResponse(stream, as_attachment=True, filename=filename, content_type="application/gzip")
-    response["Cache-Control"] = "private, no-store"
-    return response
+    return download_response(job.model_uri, f"{slugify(job.name) or 'job'}-{job.pk}-model.tar.gz")
 
 
 def _log_chunks(files: list[tuple[str, str]], headers: bool) -> Iterator[bytes]:

@@ -113,13 +113,25 @@ class ApiToken(models.Model):
         token = cls.objects.create(user=user, name=name, key_id=key_id, secret_hash=hash_token(raw), expires_at=expires_at)
         return token, raw
 
-    @classmethod
-    def authenticate(cls, raw: str) -> ApiToken | None:
+    @staticmethod
+    def key_id_of(raw: str) -> str | None:
+        """The lookup key of a presented token, or None when it is not shaped like ours."""
         parts = raw.split("_", 2)
         if len(parts) != 3 or parts[0] != TOKEN_PREFIX:
             return None
-        token = cls.objects.usable().select_related("user").filter(key_id=parts[1]).first()
-        if token is None or not hmac.compare_digest(token.secret_hash, hash_token(raw)):
+        return parts[1]
+
+    @staticmethod
+    def secret_matches(raw: str, secret_hash: str) -> bool:
+        return hmac.compare_digest(secret_hash, hash_token(raw))
+
+    @classmethod
+    def authenticate(cls, raw: str) -> ApiToken | None:
+        key_id = cls.key_id_of(raw)
+        if key_id is None:
+            return None
+        token = cls.objects.usable().select_related("user").filter(key_id=key_id).first()
+        if token is None or not cls.secret_matches(raw, token.secret_hash):
             return None
         if not token.user.is_active:
             return None
