@@ -233,25 +233,20 @@ def claim_release_latencies(flow, users, rounds: int) -> list[float]:
 
 
 def candidate_plan(flow, user) -> list[str]:
-    """EXPLAIN ANALYZE of the claim's candidate query, as claim_next_slot sends it."""
+    """EXPLAIN ANALYZE of the claim statement as claim_next_slot sends it (rolled back:
+    ANALYZE runs it, and it inserts a hold)."""
     from django.db import connection, transaction
     from django.utils import timezone
 
-    from review.actions import _candidate_rows
+    from review.actions import claim_statement
 
-    captured: list[tuple[str, tuple]] = []
-
-    def capture(execute, sql, params, many, context):
-        captured.append((sql, params))
-        return execute(sql, params, many, context)
-
+    sql, params = claim_statement(user, flow.pk, flow.order, flow.task_time_limit_seconds, timezone.now())
     with transaction.atomic():
-        with connection.execute_wrapper(capture):
-            _candidate_rows(user, [flow.pk], flow.order, timezone.now(), 1)
-        sql, params = captured[-1]
         with connection.cursor() as cursor:
             cursor.execute("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + sql, params)
-            return [line for (line,) in cursor.fetchall()]
+            lines = [line for (line,) in cursor.fetchall()]
+        transaction.set_rollback(True)
+    return lines
 
 
 def bench_deep_backlog(backlog: int, small: int, rounds: int) -> None:

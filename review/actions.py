@@ -192,10 +192,8 @@ def start_loops_for_predictions(flow: FlowDefinition | None, items: Sequence[tup
 # --- claims ---------------------------------------------------------------------------------
 def _candidate_rows(user, flows, order: str, now: datetime, limit: int) -> list[tuple[int, int]]:
     """(loop id, flow id) of open loops of `flows` (ids, or a subquery of them) the user
-    holds, answered or skipped nothing of. On PostgreSQL the rows come locked (FOR UPDATE
-    SKIP LOCKED): concurrent claimers each get a different loop without waiting on one
-    another. The partial indexes loop_claim_oldest / loop_claim_least_confident serve
-    the order."""
+    holds, answered or skipped nothing of, in the flow's order: the claim candidates where
+    rows cannot be locked (SQLite; PostgreSQL claims with _CLAIM_SQL)."""
     mine = Assignment.objects.filter(loop=OuterRef("pk"), worker=user, status__in=LIVE_ASSIGNMENT_STATUSES)
     loops = (HumanLoop.objects.filter(flow_definition_id__in=flows, status=LoopStatus.IN_PROGRESS,
                                       open_slots__gt=0, expires_at__gt=now)
@@ -204,8 +202,6 @@ def _candidate_rows(user, flows, order: str, now: datetime, limit: int) -> list[
         loops = loops.order_by(F("confidence").asc(nulls_last=True), "id")
     else:
         loops = loops.order_by("created_at", "id")
-    if connection.features.has_select_for_update_skip_locked:
-        loops = loops.select_for_update(skip_locked=True, of=("self",))
     return list(loops.values_list("id", "flow_definition_id")[:limit])
 
 
@@ -287,11 +283,16 @@ RETURNING id, loop_id
 _CLAIM_ORDER = {LoopOrder.OLDEST: "l.created_at, l.id", LoopOrder.LEAST_CONFIDENT: "l.confidence ASC NULLS LAST, l.id"}
 
 
-def _claim_in_postgres(user, flow_id: int, order: str, lease_seconds: int, now: datetime) -> Assignment | None:
+def claim_statement(user, flow_id: int, order: str, lease_seconds: int, now: datetime) -> tuple[str, dict]:
+    """The PostgreSQL claim as (sql, params); bench/review.py explains it."""
     sql = _CLAIM_SQL.format(members=WorkTeam.members.through._meta.db_table,
                             order=_CLAIM_ORDER.get(order, _CLAIM_ORDER[LoopOrder.OLDEST]))
-    lease_expires_at = now + timedelta(seconds=lease_seconds)
-    params = {"flow": flow_id, "user": user.pk, "now": now, "lease": lease_expires_at}
+    return sql, {"flow": flow_id, "user": user.pk, "now": now, "lease": now + timedelta(seconds=lease_seconds)}
+
+
+def _claim_in_postgres(user, flow_id: int, order: str, lease_seconds: int, now: datetime) -> Assignment | None:
+    sql, params = claim_statement(user, flow_id, order, lease_seconds, now)
+    lease_expires_at = params["lease"]
     for _attempt in range(CLAIM_CANDIDATES):
         try:
             # One statement, atomic by itself (no BEGIN/COMMIT round trips); inside a
@@ -311,26 +312,12 @@ def _claim_in_postgres(user, flow_id: int, order: str, lease_seconds: int, now: 
 
 
 def _claim_in(user, flows, order: str, lease_seconds: int, now: datetime) -> Assignment | None:
-    """A claim within one flow (`flows`: its id in a list, or a subquery yielding it)."""
-    if connection.features.has_select_for_update_skip_locked and isinstance(flows, list):
-        return _claim_in_postgres(user, flows[0], order, lease_seconds, now)
+    """A claim within one flow. PostgreSQL: `flows` is [its id] and the claim is one
+    statement. Elsewhere (SQLite) `flows` may also be a subquery yielding the id; rows are
+    not locked there, so a few candidates are tried, each in a savepoint, and the
+    compare-and-set plus the unique constraint keep one slot to one reviewer."""
     if connection.features.has_select_for_update_skip_locked:
-        # PostgreSQL hands each claimer a locked row nobody else holds, so the
-        # compare-and-set cannot lose; only the same reviewer claiming in two sessions at
-        # once can hit the unique constraint, and then the next attempt looks again.
-        for _attempt in range(CLAIM_CANDIDATES):
-            try:
-                with transaction.atomic():
-                    candidates = _candidate_rows(user, flows, order, now, 1)
-                    if not candidates:
-                        return None
-                    loop_id = candidates[0][0]
-                    if _move_slot(loop_id):
-                        return _hold(loop_id, user, lease_seconds, now)
-            except IntegrityError:
-                continue
-        return None
-    # Elsewhere (SQLite) rows are not locked: try a few candidates, each in a savepoint.
+        return _claim_in_postgres(user, flows[0], order, lease_seconds, now)
     with transaction.atomic():
         for loop_id, _flow_id in _candidate_rows(user, flows, order, now, CLAIM_CANDIDATES):
             assignment = _take_slot(loop_id, user, lease_seconds, now)
@@ -378,6 +365,17 @@ def _not_answerable(loop: HumanLoop, assignment: Assignment) -> str:
     return f"The human loop is no longer in progress ({loop.status})."
 
 
+def _still_held(loop: HumanLoop, assignment: Assignment, now: datetime) -> str | None:
+    """None when the reviewer still holds the slot; else why not (for a 409). A lease
+    found run out here gives its slot back on the spot (loop row locked)."""
+    if assignment.status != AssignmentStatus.HELD or loop.status != LoopStatus.IN_PROGRESS:
+        return _not_answerable(loop, assignment)
+    if assignment.lease_expires_at <= now:
+        _return_slot(loop, assignment, AssignmentStatus.EXPIRED, now)
+        return "The assignment's lease expired; its slot went back to the queue."
+    return None
+
+
 def check_answer(flow: FlowDefinition, answer: Any) -> dict:
     if not isinstance(answer, dict):
         raise ReviewError("answer", "Must be an object: {\"label\": ...} or {\"text\": ...}.")
@@ -397,16 +395,11 @@ def check_answer(flow: FlowDefinition, answer: Any) -> dict:
 def answer_slot(assignment_id: int, user, answer: dict) -> Assignment:
     """Record the reviewer's answer; the answer that fills the last slot consolidates.
     An assignment whose lease ran out takes no answer (409), and its slot goes back."""
-    conflict: str | None = None
     with transaction.atomic():
         loop, assignment = _locked(assignment_id, user)
         now = timezone.now()
-        if assignment.status != AssignmentStatus.HELD or loop.status != LoopStatus.IN_PROGRESS:
-            conflict = _not_answerable(loop, assignment)
-        elif assignment.lease_expires_at <= now:
-            _return_slot(loop, assignment, AssignmentStatus.EXPIRED, now)
-            conflict = "The assignment's lease expired; its slot went back to the queue."
-        else:
+        conflict = _still_held(loop, assignment, now)
+        if conflict is None:
             clean = check_answer(loop.flow_definition, answer)
             assignment.status = AssignmentStatus.ANSWERED
             assignment.answer = clean
@@ -430,16 +423,11 @@ def answer_slot(assignment_id: int, user, answer: dict) -> Assignment:
 
 def release_slot(assignment_id: int, user) -> Assignment:
     """The reviewer skips the item: the slot goes back, and they are not offered it again."""
-    conflict: str | None = None
     with transaction.atomic():
         loop, assignment = _locked(assignment_id, user)
         now = timezone.now()
-        if assignment.status != AssignmentStatus.HELD or loop.status != LoopStatus.IN_PROGRESS:
-            conflict = _not_answerable(loop, assignment)
-        elif assignment.lease_expires_at <= now:
-            _return_slot(loop, assignment, AssignmentStatus.EXPIRED, now)
-            conflict = "The assignment's lease expired; its slot went back to the queue."
-        else:
+        conflict = _still_held(loop, assignment, now)
+        if conflict is None:
             _return_slot(loop, assignment, AssignmentStatus.RELEASED, now)
     if conflict:
         raise AssignmentConflict(conflict)
