@@ -89,9 +89,10 @@ def test_a_trial_worse_than_the_median_is_stopped_early(nodes, owner, client_for
     good, bad = trials_of(tuning)
     assert good.trial_params == {"x": 1} and good.status == JobStatus.COMPLETED
     assert (bad.status, bad.stop_reason) == (JobStatus.STOPPED, EARLY_STOPPED)
+    # Two of its six steps reported: it was stopped there, not left to train (no wall-clock
+    # bound here — on a loaded machine the stop lands late, but the steps say when).
     assert bad.intermediate_values == {"0": pytest.approx(10.0), "1": pytest.approx(9.5)}
     assert bad.objective_value is None
-    assert (bad.finished_at - bad.training_started_at).total_seconds() < 12  # unpruned, it trains ~17 s
     assert (tuning.status, tuning.end_reason, tuning.best_trial) == (TuningStatus.COMPLETED, "MaxTrialsReached", good)
 
 
