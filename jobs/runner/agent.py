@@ -134,6 +134,7 @@ class NodeRun:
         self.capture: OutputCapture | None = None
         self.publisher: LivePublisher | None = None
         self.guard: guard.ProcessGuard | None = None
+        self.mark = ""  # guard.JOB_MARK_VARIABLE's value for this launch
         self.sampler: guard.SystemSampler | None = None
         self.syncer: PeriodicSync | None = None
         self.exit_code: int | None = None
@@ -269,6 +270,8 @@ class NodeRun:
         for problem in problems:
             self.capture.note(problem)
         command = build_command(spec)
+        self.mark = guard.new_job_mark()
+        env = {**env, guard.JOB_MARK_VARIABLE: self.mark}
         forked = self._launch_warm(spec, env) if self.job.warm_pool else None
         if forked is not None:
             self.process = forked  # type: ignore[assignment]  # Popen-like: pid, poll, wait, stdout, stderr
@@ -284,7 +287,8 @@ class NodeRun:
         memory_limit = guard.memory_limit_bytes((self.job.resources or {}).get("memory_limit_mb"),
                                                 self.claim.node.memory_bytes, self.config.memory_fraction)
         self.guard = guard.ProcessGuard(self.process, memory_limit_bytes=memory_limit,
-                                        max_processes=self.config.max_processes, spool_dir=self.job_dir.spool_dir)
+                                        max_processes=self.config.max_processes, spool_dir=self.job_dir.spool_dir,
+                                        mark=self.mark)
         self.guard.start()
         self.sampler = guard.SystemSampler(redis_client(), self.job_id, self.claim.node.name,
                                            self.config.system_metrics_seconds)
@@ -345,7 +349,7 @@ class NodeRun:
             if term_sent_at is not None:
                 if time.monotonic() - term_sent_at > self.config.stop_grace_seconds:
                     self.capture_note(f"still running {self.config.stop_grace_seconds:g} s after SIGTERM: SIGKILL")
-                    guard.kill_group(self.process, self.process.pid, self.guard.live_seen_pids())
+                    guard.kill_group(self.process, self.process.pid, self.guard.live_seen_pids(), mark=self.mark)
                 continue
             reason = self._stop_reason(max_runtime, launched)
             if reason:
@@ -357,7 +361,7 @@ class NodeRun:
         if self.guard.verdict:
             ended_by = "guard"
         # Whatever the launcher left behind (a child that ignored SIGTERM, a daemon) goes too.
-        guard.kill_group(self.process, self.process.pid, self.guard.live_seen_pids())
+        guard.kill_group(self.process, self.process.pid, self.guard.live_seen_pids(), mark=self.mark)
         self.exit_code = self.process.returncode
         return ended_by
 
@@ -607,7 +611,7 @@ class NodeRun:
             if self.guard:
                 self.guard.sample()  # a last look: processes started since the guard's previous sample
             extra = self.guard.live_seen_pids() if self.guard else set()
-            guard.end_group(self.process, self.process.pid, grace=grace, extra_pids=extra)
+            guard.end_group(self.process, self.process.pid, grace=grace, extra_pids=extra, mark=self.mark)
         except Exception:  # noqa: BLE001
             log.exception("job %s: could not end its processes", self.job_id)
 

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,10 @@ from trainyard.protocol import SYSTEM_STREAM, SYSTEM_STREAM_MAXLEN, key
 
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024
+# Every process of a job carries this variable with a value of its own launch (the way
+# Jenkins finds a build's processes): a descendant that left the tree — its parent died and
+# it was reparented, or it called setsid — is still found and ended with the job.
+JOB_MARK_VARIABLE = "TRAINYARD_JOB_MARK"
 SPOOL_TRIM_THRESHOLD = 64 * MIB  # spool files smaller than this are left alone
 SPOOL_READER_MARGIN = 8 * MIB  # never punch closer than this behind the reader's file position
 
@@ -70,29 +75,60 @@ def any_alive(pids: set[int]) -> bool:
     return False
 
 
-def end_group(process: subprocess.Popen, pgid: int, *, grace: float, extra_pids: set[int] | None = None) -> bool:
+def new_job_mark() -> str:
+    return uuid.uuid4().hex
+
+
+def marked_pids(mark: str) -> set[int]:
+    """Live processes whose environment carries `mark` (ours excepted). Only processes
+    of our own user can be read, which is where a job's processes run. Linux only."""
+    if not mark or not sys.platform.startswith("linux"):
+        return set()
+    needle = f"{JOB_MARK_VARIABLE}={mark}".encode()
+    found: set[int] = set()
+    own = os.getpid()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == own:
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as environ:
+                variables = environ.read().split(b"\0")
+        except OSError:  # gone, or not ours
+            continue
+        if needle in variables:
+            found.add(int(entry.name))
+    return found
+
+
+def end_group(process: subprocess.Popen, pgid: int, *, grace: float, extra_pids: set[int] | None = None,
+              mark: str = "") -> bool:
     """SIGTERM, wait up to `grace` seconds, then SIGKILL until the group is empty.
     Returns True if SIGKILL was needed. torchrun starts each worker in a session of its
     own, so the job's processes outside the launcher's group (`extra_pids`, seen by the
-    guard) count too: a worker's child that ignores SIGTERM must not outlive the job."""
-    extra = extra_pids or set()
+    guard, and those carrying the job's `mark`) count too: a worker's child that ignores
+    SIGTERM must not outlive the job, even once its parent has died."""
+    extra = (extra_pids or set()) | marked_pids(mark)
     signal_group(pgid, signal.SIGTERM, extra)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
-        if not group_alive(process, pgid) and not any_alive(extra):
+        if not group_alive(process, pgid) and not any_alive(extra | marked_pids(mark)):
             return False
         time.sleep(0.1)
-    kill_group(process, pgid, extra)
+    kill_group(process, pgid, extra, mark=mark)
     return True
 
 
-def kill_group(process: subprocess.Popen, pgid: int, extra_pids: set[int] | None = None, timeout: float = 10.0) -> None:
-    """SIGKILL, again and again: a fork bomb makes new members while the first kill lands."""
+def kill_group(process: subprocess.Popen, pgid: int, extra_pids: set[int] | None = None, timeout: float = 10.0,
+               mark: str = "") -> None:
+    """SIGKILL, again and again: a fork bomb makes new members while the first kill lands.
+    The marked processes are looked up afresh each round for the same reason."""
     extra = extra_pids or set()
     deadline = time.monotonic() + timeout
     while True:
-        signal_group(pgid, signal.SIGKILL, extra)
-        if (not group_alive(process, pgid) and not any_alive(extra)) or time.monotonic() > deadline:
+        targets = extra | marked_pids(mark)
+        signal_group(pgid, signal.SIGKILL, targets)
+        if (not group_alive(process, pgid) and not any_alive(targets | marked_pids(mark))) \
+                or time.monotonic() > deadline:
             return
         time.sleep(0.05)
 
@@ -100,7 +136,7 @@ def kill_group(process: subprocess.Popen, pgid: int, extra_pids: set[int] | None
 # --- limits --------------------------------------------------------------------------------------
 class ProcessGuard(threading.Thread):
     def __init__(self, process: subprocess.Popen, *, memory_limit_bytes: int, max_processes: int,
-                 spool_dir: Path | None = None, interval: float = 0.5) -> None:
+                 spool_dir: Path | None = None, interval: float = 0.5, mark: str = "") -> None:
         super().__init__(name=f"guard-{process.pid}", daemon=True)
         self.process = process
         self.pgid = process.pid  # start_new_session: the launcher leads its own group
@@ -108,6 +144,7 @@ class ProcessGuard(threading.Thread):
         self.max_processes = max_processes
         self.spool_dir = spool_dir
         self.interval = interval
+        self.mark = mark  # the job's JOB_MARK_VARIABLE value
         self.verdict = ""  # set once, when a limit was broken and the group killed
         self.peak_rss = 0
         self.seen_pids: set[int] = set()
@@ -153,7 +190,7 @@ class ProcessGuard(threading.Thread):
             return
         self.verdict = verdict
         log.warning("pid %s: %s", self.process.pid, verdict)
-        kill_group(self.process, self.pgid, self.live_seen_pids())
+        kill_group(self.process, self.pgid, self.live_seen_pids(), mark=self.mark)
         self._stopping.set()
 
     def live_seen_pids(self) -> set[int]:

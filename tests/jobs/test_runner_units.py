@@ -3,6 +3,7 @@ GPU), the job environment, output capture, verdicts, staging and checkpoint sync
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -403,6 +404,37 @@ def test_the_guard_kills_a_job_that_starts_too_many_processes():
     assert not guard.group_alive(process, process.pid)
     with pytest.raises(ValueError):
         guard.signal_group(os.getpgrp(), signal.SIGTERM)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the job's mark is read from /proc/<pid>/environ")
+def test_ending_a_job_ends_a_descendant_that_left_its_tree_and_ignores_sigterm(tmp_path):
+    """The launcher's child starts a grandchild in a session of its own that ignores
+    SIGTERM, then dies: the grandchild is reparented away from the launcher, outside its
+    group, never seen by the guard. Its environment still carries the job's mark."""
+    pid_file = tmp_path / "orphan.pid"
+    orphan = ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True: time.sleep(1)")
+    code = (f"import subprocess, sys\np = subprocess.Popen([sys.executable, '-c', {orphan!r}], start_new_session=True)\n"
+            f"open({str(pid_file)!r}, 'w').write(str(p.pid))")
+    mark = guard.new_job_mark()
+    process = subprocess.Popen([sys.executable, "-c", code], start_new_session=True,
+                               env={**os.environ, guard.JOB_MARK_VARIABLE: mark})
+    process.wait(30)
+    deadline = time.monotonic() + 10
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline, "the orphan did not start"
+        time.sleep(0.05)
+    orphan_pid = int(pid_file.read_text())
+    try:
+        assert guard.marked_pids(mark) == {orphan_pid}
+        assert guard.marked_pids(guard.new_job_mark()) == set()
+
+        assert guard.end_group(process, process.pid, grace=0.5, mark=mark) is True, "SIGTERM alone cannot end it"
+
+        assert not guard.any_alive({orphan_pid})
+        assert guard.marked_pids(mark) == set()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(orphan_pid, signal.SIGKILL)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="hole punching and /proc are Linux features")
