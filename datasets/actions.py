@@ -123,17 +123,18 @@ def _same_as_latest(dataset: Dataset, *, content_hash: str = "", fingerprint: st
 
 
 def register_upload(*, project: Project, name: str, description: str, user, root_uri: str, stored: list[StoredFile],
-                    options: VersionOptions) -> tuple[DatasetVersion, bool]:
+                    options: VersionOptions, kind: str = str(SourceKind.UPLOAD),
+                    source_uri: str = "upload") -> tuple[DatasetVersion, bool]:
     """Register files already streamed to `root_uri`. Returns (version, created); when the
-    content equals the latest version's, that version is returned and the upload removed."""
+    content equals the latest version's, that version is returned and the upload removed.
+    `kind`/`source_uri`: where the files came from (an upload unless said otherwise)."""
     content_hash = combine_content_hash((f.path, f.size, f.sha256) for f in stored)
     with transaction.atomic():
         dataset = _lock_dataset(project, name, description, user)
         existing = _same_as_latest(dataset, content_hash=content_hash)
         if existing is None:
             files = [{"path": f.path, "uri": f.uri, "size": f.size, "fingerprint": f.sha256, "sha256": f.sha256} for f in stored]
-            version = _create_version(dataset=dataset, user=user, kind=str(SourceKind.UPLOAD), source_uri="upload",
-                                      root_uri=root_uri, files=files, options=options, content_hash=content_hash)
+            version = _create_version(dataset=dataset, user=user, kind=kind, source_uri=source_uri, root_uri=root_uri, files=files, options=options, content_hash=content_hash)
             return version, True
     discard_upload(root_uri)
     return existing, False
@@ -184,9 +185,10 @@ def register_source(*, project: Project, name: str, description: str, user, sour
 
 
 def register_local_files(*, project: Project, name: str, description: str, user, files: dict[str, Path],
-                         options: VersionOptions) -> tuple[DatasetVersion, bool]:
-    """Copy local files (relative path → file) into the object store and register them.
-    Used by the demo loader and review export."""
+                         options: VersionOptions, kind: str = str(SourceKind.UPLOAD),
+                         source_uri: str = "upload") -> tuple[DatasetVersion, bool]:
+    """Copy local files (relative path → file) into the object store and register them
+    as a version with the given source. Used by the demo loader and review export."""
     import hashlib
 
     root_uri = new_upload_prefix()
@@ -207,7 +209,7 @@ def register_local_files(*, project: Project, name: str, description: str, user,
         discard_upload(root_uri)
         raise
     return register_upload(project=project, name=name, description=description, user=user,
-                           root_uri=root_uri, stored=stored, options=options)
+                           root_uri=root_uri, stored=stored, options=options, kind=kind, source_uri=source_uri)
 
 
 def delete_version(version: DatasetVersion) -> None:

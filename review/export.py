@@ -16,8 +16,6 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from django.db import transaction
-
 from datasets.actions import DatasetError, VersionOptions, register_local_files
 from datasets.models import DatasetVersion, SourceKind
 from review.actions import ReviewError
@@ -137,17 +135,13 @@ def export_flow(flow: FlowDefinition, user, dataset_name: str | None = None) -> 
             files, options = _write_images(loops, folder)
         else:
             files, options = _write_json_lines(loops, folder, kind)
-        with transaction.atomic():
-            try:
-                version, created = register_local_files(
-                    project=flow.project, name=name, user=user, files=files, options=options,
-                    description=f"Labels consolidated by reviewers in flow '{flow.name}'.")
-            except DatasetError as exc:
-                raise ReviewError("dataset", exc.message, status=exc.status) from exc
-            if created:
-                DatasetVersion.objects.filter(pk=version.pk).update(source_kind=SourceKind.REVIEW,
-                                                                    source_uri=source_uri_of(flow))
-                version.refresh_from_db()
+        try:
+            version, _created = register_local_files(
+                project=flow.project, name=name, user=user, files=files, options=options,
+                description=f"Labels consolidated by reviewers in flow '{flow.name}'.",
+                kind=str(SourceKind.REVIEW), source_uri=source_uri_of(flow))
+        except DatasetError as exc:
+            raise ReviewError("dataset", exc.message, status=exc.status) from exc
     return version
 
 
