@@ -1,8 +1,8 @@
 """The hot path: POST /api/v1/endpoints/<name>/invocations.
 
 A request costs two plain SQL statements (its token; the endpoint row joined with its
-version, filtered by the caller's read role), a third when a review flow is attached, and
-one INSERT when human loops start. The endpoint row is read once and the request is
+version and its review flow, filtered by the caller's read role), and one INSERT when
+human loops start. The endpoint row is read once and the request is
 served entirely with the version it names,
 so switching an endpoint's version (one UPDATE) never fails a request in flight.
 Invocation counts are summed in memory and written at most once a second per process."""
@@ -35,11 +35,14 @@ _last_flush = time.monotonic()
 
 
 # One statement, no ORM compilation (the ORM's SQL building cost more than the query):
-# the endpoint, the version it serves, and whether the user may read its project.
+# the endpoint, the version it serves, the review flow's fields that starting loops reads,
+# and whether the user may read its project.
 _ENDPOINT_SQL = """
 SELECT e.id, e.name, e.project_id, e.flow_definition_id,
-       v.id, v.model_id, v.version, v.artifact_uri, v.algorithm, v.kind, v.labels, v.input_schema, v.created_at
+       v.id, v.model_id, v.version, v.artifact_uri, v.algorithm, v.kind, v.labels, v.input_schema, v.created_at,
+       f.name, f.project_id, f.activation, f.task_count, f.task_availability_seconds
 FROM hosting_endpoint e JOIN hosting_modelversion v ON v.id = e.model_version_id
+LEFT JOIN review_flowdefinition f ON f.id = e.flow_definition_id
 WHERE e.name = %s AND (%s OR EXISTS (
     SELECT 1 FROM studio_membership m WHERE m.project_id = e.project_id AND m.user_id = %s AND m.role IN ({roles})))
 """
@@ -65,12 +68,14 @@ def endpoint_for_invocation(user, name: str) -> Endpoint | None:
     endpoint = Endpoint(id=row[0], name=row[1], project_id=row[2], model_version_id=version.pk,
                         flow_definition_id=row[3])
     endpoint.model_version = version
-    if endpoint.flow_definition_id is not None:
+    endpoint.flow_definition = None  # (assigning the relation sets flow_definition_id too)
+    if row[3] is not None:
         from review.models import FlowDefinition
 
-        endpoint.flow_definition = FlowDefinition.objects.filter(pk=endpoint.flow_definition_id).first()
-    else:
-        endpoint.flow_definition = None
+        # Only what review.actions.start_loops_for_predictions reads.
+        endpoint.flow_definition = FlowDefinition(id=row[3], name=row[13], project_id=row[14],
+                                                  activation=_json(row[15]), task_count=row[16],
+                                                  task_availability_seconds=row[17])
     return endpoint
 
 
