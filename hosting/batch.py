@@ -186,18 +186,10 @@ def _after_chunk(batch: BatchPrediction, version: ModelVersion, start: int, cont
         started: list[str] = []
         if batch.flow_definition is not None and skip < len(contents):
             from review.actions import start_loops_for_predictions
-            from review.models import HumanLoop
 
-            offset = start + skip
             started = start_loops_for_predictions(
                 batch.flow_definition, list(zip(contents[skip:], predictions[skip:], strict=True)),
-                source={"batch": batch.pk}, model_version=version)
-            if started and offset:
-                # The loops' "record" counts within this call; make it the dataset's record number.
-                loops = list(HumanLoop.objects.filter(name__in=started).only("id", "source"))
-                for loop in loops:
-                    loop.source = {**loop.source, "record": offset + int(loop.source.get("record", 0))}
-                HumanLoop.objects.bulk_update(loops, ["source"], batch_size=500)
+                source={"batch": batch.pk}, model_version=version, first_record=start + skip)
         fields: dict[str, Any] = {"heartbeat_at": timezone.now(), "human_loops_started": F("human_loops_started") + len(started)}
         if done > resume_from:
             fields["records_done"] = done

@@ -164,9 +164,11 @@ def start_human_loop(*, name: str, flow: FlowDefinition, input_content: dict, us
 
 
 def start_loops_for_predictions(flow: FlowDefinition | None, items: Sequence[tuple[dict, dict]], *,
-                                source: dict, model_version=None, rng: random.Random | None = None) -> list[str]:
+                                source: dict, model_version=None, rng: random.Random | None = None,
+                                first_record: int = 0) -> list[str]:
     """Start a loop for each (input_content, prediction) the flow's activation selects.
-    One INSERT for the lot; returns the names started ([] without a flow)."""
+    One INSERT for the lot; returns the names started ([] without a flow). A batch's loops
+    (source has "batch") record which record they are: first_record + their index."""
     if flow is None or not items:
         return []
     activation = flow.activation or {}
@@ -179,7 +181,7 @@ def start_loops_for_predictions(flow: FlowDefinition | None, items: Sequence[tup
             continue
         item_source = dict(source)
         if "batch" in source and "record" not in source:
-            item_source["record"] = index
+            item_source["record"] = first_record + index
         loops.append(_new_loop(name=f"{prefix}-{uuid.uuid4().hex[:16]}", flow=flow,
                                input_content=content if isinstance(content, dict) else {"value": content},
                                prediction=prediction, reason=reason, source=item_source,
