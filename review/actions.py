@@ -398,6 +398,12 @@ def answer_slot(assignment_id: int, user, answer: dict) -> Assignment:
     """Record the reviewer's answer; the answer that fills the last slot consolidates.
     An assignment whose lease ran out takes no answer (409), and its slot goes back."""
     with transaction.atomic():
+        if connection.vendor == "postgresql":
+            answered = _answer_in_postgres(assignment_id, user, answer)
+            if answered is not None:
+                return answered
+        # Every other case (SQLite; on PostgreSQL anything but a held, live slot and a good
+        # answer): the ORM path, which says precisely what is wrong, under the same lock.
         loop, assignment = _locked(assignment_id, user)
         now = timezone.now()
         conflict = _still_held(loop, assignment, now)
@@ -421,6 +427,110 @@ def answer_slot(assignment_id: int, user, answer: dict) -> Assignment:
         raise AssignmentConflict(conflict)
     assignment.loop = loop
     return assignment
+
+
+# PostgreSQL, the answer in the common case (ARCHITECTURE: the lean path on hot endpoints),
+# inside answer_slot's transaction: lock the loop (the lock every change to its
+# assignments is made under), then in one statement — a fresh snapshot, so the assignment
+# it reads is current — answer the assignment if it is still held and live, count the
+# answer on the loop, and read the answers given before it (for the vote).
+_ANSWER_LOCK_SQL = """
+SELECT l.id, l.name, l.status, l.answers_needed, l.escalations, f.task_type, f.labels, f.work_team_id
+FROM review_humanloop l JOIN review_flowdefinition f ON f.id = l.flow_definition_id
+WHERE l.id = (SELECT a.loop_id FROM review_assignment a WHERE a.id = %(assignment)s AND a.worker_id = %(user)s)
+FOR UPDATE OF l
+"""
+_ANSWER_SQL = """
+WITH answered AS (
+    UPDATE review_assignment
+    SET status = 'answered', answer = %(answer)s, answered_at = %(now)s,
+        time_spent_seconds = GREATEST(0, EXTRACT(EPOCH FROM %(now)s - claimed_at))::double precision
+    WHERE id = %(assignment)s AND loop_id = %(loop)s AND status = 'held' AND lease_expires_at > %(now)s
+    RETURNING claimed_at, lease_expires_at, time_spent_seconds
+), counted AS (
+    UPDATE review_humanloop SET answers_count = answers_count + 1, holds_count = holds_count - 1
+    WHERE id = %(loop)s AND EXISTS (SELECT 1 FROM answered)
+    RETURNING answers_count, holds_count, open_slots
+)
+SELECT answered.claimed_at, answered.lease_expires_at, answered.time_spent_seconds,
+       counted.answers_count, counted.holds_count, counted.open_slots,
+       ARRAY(SELECT a.answer ->> 'label' FROM review_assignment a
+             WHERE a.loop_id = %(loop)s AND a.status = 'answered' AND a.id <> %(assignment)s)
+FROM answered, counted
+"""
+_SOMEONE_LEFT_SQL = """
+SELECT EXISTS (SELECT 1 FROM {members} m WHERE m.workteam_id = %(team)s AND NOT EXISTS (
+    SELECT 1 FROM review_assignment a WHERE a.loop_id = %(loop)s AND a.worker_id = m.user_id
+    AND a.status IN ('held', 'answered', 'released')))
+"""
+
+
+def _answer_in_postgres(assignment_id: int, user, answer: dict) -> Assignment | None:
+    """The answer recorded (and the loop consolidated when it was the last one needed);
+    None, with nothing changed, when the case is not the common one — unknown assignment,
+    slot no longer held, lease run out, loop not in progress, a bad answer — which the ORM
+    path then handles under the loop lock this already holds."""
+    from psycopg.types.json import Jsonb
+
+    with connection.cursor() as cursor:
+        cursor.execute(_ANSWER_LOCK_SQL, {"assignment": assignment_id, "user": user.pk})
+        row = cursor.fetchone()
+        if row is None or row[2] != LoopStatus.IN_PROGRESS:
+            return None
+        loop_id, name, _status, answers_needed, escalations, task_type, labels, team_id = row
+        flow = FlowDefinition(task_type=task_type, labels=labels)
+        try:
+            clean = check_answer(flow, answer)
+        except ReviewError:
+            return None  # the ORM path decides which error comes first (a 409 before a 400)
+        now = timezone.now()
+        cursor.execute(_ANSWER_SQL, {"answer": Jsonb(clean), "now": now, "assignment": assignment_id,
+                                     "loop": loop_id})
+        done = cursor.fetchone()
+        if done is None:
+            return None
+        claimed_at, lease_expires_at, time_spent, answers_count, holds_count, open_slots, earlier = done
+        loop = HumanLoop(pk=loop_id, name=name, status=LoopStatus.IN_PROGRESS, answers_needed=answers_needed,
+                         answers_count=answers_count, holds_count=holds_count, open_slots=open_slots,
+                         escalations=escalations)
+        if answers_count >= answers_needed:
+            _consolidate_in_postgres(cursor, loop, task_type, team_id, [*earlier, clean.get("label")], now)
+    if loop.status == LoopStatus.COMPLETED:
+        transaction.on_commit(lambda: _write_output_soon(loop_id))
+    assignment = Assignment(pk=assignment_id, loop_id=loop_id, worker=user, status=AssignmentStatus.ANSWERED,
+                            answer=clean, claimed_at=claimed_at, lease_expires_at=lease_expires_at,
+                            answered_at=now, time_spent_seconds=time_spent)
+    assignment.loop = loop
+    return assignment
+
+
+def _consolidate_in_postgres(cursor, loop: HumanLoop, task_type: str, team_id: int, labels: list, now: datetime) -> None:
+    """_consolidate's rules in SQL (the loop row locked): complete, or escalate a tie."""
+    if task_type == TaskType.FREE_TEXT:
+        winner: str | None = ""
+        agreement = None
+        tie = False
+    else:
+        labels = [label for label in labels if isinstance(label, str)]
+        votes, winner, tie = vote(labels)
+        agreement = (votes.most_common(1)[0][1] / len(labels)) if labels else None
+        if tie and loop.escalations < MAX_ESCALATIONS:
+            cursor.execute(_SOMEONE_LEFT_SQL.format(members=WorkTeam.members.through._meta.db_table),
+                           {"team": team_id, "loop": loop.pk})
+            if cursor.fetchone()[0]:
+                cursor.execute("UPDATE review_humanloop SET answers_needed = answers_needed + 1, "
+                               "open_slots = open_slots + 1, escalations = escalations + 1 WHERE id = %s", [loop.pk])
+                loop.answers_needed += 1
+                loop.open_slots += 1
+                loop.escalations += 1
+                return
+        winner = NO_CONSENSUS if tie else (winner or NO_CONSENSUS)
+    cursor.execute("UPDATE review_humanloop SET status = %s, completed_at = %s, consolidated_label = %s, "
+                   "agreement = %s WHERE id = %s", [LoopStatus.COMPLETED, now, winner, agreement, loop.pk])
+    loop.status = LoopStatus.COMPLETED
+    loop.completed_at = now
+    loop.consolidated_label = winner or ""
+    loop.agreement = agreement
 
 
 def release_slot(assignment_id: int, user) -> Assignment:
@@ -515,8 +625,12 @@ def expire_leases(now: datetime | None = None, *, limit: int = EXPIRE_BATCH) -> 
     """Held assignments past their lease give their slot back. Cheap when there are none
     (the partial index assignment_lease holds only held rows)."""
     now = now or timezone.now()
-    expired = Assignment.objects.filter(status=AssignmentStatus.HELD, lease_expires_at__lte=now)
-    rows = list(expired.order_by("lease_expires_at").values_list("pk", "loop_id")[:limit])
+    # Every claim asks this first, nearly always to find none: plain SQL, no ORM compile.
+    with connection.cursor() as cursor:
+        # status spelled out: the partial index assignment_lease is on status = 'held'
+        cursor.execute("SELECT id, loop_id FROM review_assignment WHERE status = 'held' AND lease_expires_at <= %s "
+                       "ORDER BY lease_expires_at LIMIT %s", [now, limit])
+        rows = cursor.fetchall()
     returned = 0
     for assignment_id, loop_id in rows:
         with transaction.atomic():

@@ -6,6 +6,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from review import actions
@@ -244,3 +246,32 @@ def test_without_a_flow_a_reviewer_gets_the_items_of_all_their_teams_flows(make_
     while (held := actions.claim_next_slot(reviewer)) is not None:
         got.add(held.loop_id)
     assert got == expected
+
+
+@pytest.mark.skipif(not connection.features.has_select_for_update_skip_locked,
+                    reason="the lean answer path is PostgreSQL's; SQLite answers through the ORM path")
+def test_an_answer_on_postgresql_is_two_statements_and_the_last_one_consolidates_in_a_third(
+        make_flow, make_loops, reviewer, reviewers):
+    """The hot path stays lean: lock the loop, then answer+count+read the earlier votes in
+    one statement; the answer that fills the loop adds one UPDATE for the consolidation."""
+    flow = make_flow(task_count=2)
+    [loop] = make_loops(flow, 1)
+    one = reviewers(1)[0]
+    first, second = actions.claim_next_slot(reviewer), actions.claim_next_slot(one)
+
+    def statements(call) -> list[str]:
+        with CaptureQueriesContext(connection) as captured:
+            call()
+        return [q["sql"] for q in captured.captured_queries
+                if not q["sql"].startswith(("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE SAVEPOINT"))]
+
+    assert len(statements(lambda: actions.answer_slot(first.pk, reviewer, {"label": "dog"}))) == 2
+    assert counters(loop) == (2, 1, 1, 0) and refresh(loop).status == LoopStatus.IN_PROGRESS
+    last = statements(lambda: actions.answer_slot(second.pk, one, {"label": "dog"}))
+    assert len(last) == 3 and last[-1].startswith("UPDATE review_humanloop SET status")
+    done = refresh(loop)
+    assert (done.status, done.consolidated_label, done.agreement) == (LoopStatus.COMPLETED, "dog", 1.0)
+    assert counters(loop) == (2, 2, 0, 0)
+    answered = Assignment.objects.get(pk=second.pk)
+    assert answered.status == AssignmentStatus.ANSWERED and answered.answer == {"label": "dog"}
+    assert answered.time_spent_seconds is not None and answered.time_spent_seconds >= 0
