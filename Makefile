@@ -34,6 +34,7 @@ bench: venv
 	$(PY) bench/metrics.py
 	$(PY) bench/training.py
 	$(PY) bench/hosting.py
+	$(PY) bench/review.py  # PostgreSQL only: says how to point it at one otherwise
 
 clean:
 	rm -rf $(VENV) var
