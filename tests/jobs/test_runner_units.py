@@ -412,15 +412,17 @@ def test_ending_a_job_ends_a_descendant_that_left_its_tree_and_ignores_sigterm(t
     SIGTERM, then dies: the grandchild is reparented away from the launcher, outside its
     group, never seen by the guard. Its environment still carries the job's mark."""
     pid_file = tmp_path / "orphan.pid"
-    orphan = ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True: time.sleep(1)")
-    code = (f"import subprocess, sys\np = subprocess.Popen([sys.executable, '-c', {orphan!r}], start_new_session=True)\n"
-            f"open({str(pid_file)!r}, 'w').write(str(p.pid))")
+    # The orphan says its pid only once SIGTERM is ignored (before that, SIGTERM would end it).
+    orphan = ("import os, signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+              f"open({str(pid_file)!r} + '.tmp', 'w').write(str(os.getpid()))\n"
+              f"os.rename({str(pid_file)!r} + '.tmp', {str(pid_file)!r})\nwhile True: time.sleep(1)")
+    code = f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', {orphan!r}], start_new_session=True)"
     mark = guard.new_job_mark()
     process = subprocess.Popen([sys.executable, "-c", code], start_new_session=True,
                                env={**os.environ, guard.JOB_MARK_VARIABLE: mark})
     process.wait(30)
-    deadline = time.monotonic() + 10
-    while not pid_file.exists() or not pid_file.read_text():
+    deadline = time.monotonic() + 30
+    while not pid_file.exists():
         assert time.monotonic() < deadline, "the orphan did not start"
         time.sleep(0.05)
     orphan_pid = int(pid_file.read_text())
