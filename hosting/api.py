@@ -17,12 +17,11 @@ from rest_framework.views import APIView
 from hosting import actions
 from hosting.access import get_batch_for_user, get_endpoint_for_user, get_model_for_user
 from hosting.actions import UNSET, HostingError
-from hosting.invocation import InvocationTokenAuthentication, endpoint_for_invocation, invoke
+from hosting.invocation import endpoint_for_invocation, invoke
 from hosting.models import BatchPrediction, Endpoint, Model, ModelVersion
 from hosting.serving import InvalidInstances
 from studio.access import get_project_for_user
 from studio.api import ApiError, PaginatedAPIView, paginate, project_for_write
-from studio.authentication import CsrfSessionAuthentication
 from studio.models import Project
 
 OBJECT = OpenApiTypes.OBJECT
@@ -221,12 +220,7 @@ class InvocationView(APIView):
     """Lean on purpose (the hot path): no serializer, no pagination; JSON in and out with
     the json module, and the endpoint row read once (see hosting.invocation)."""
 
-    authentication_classes = [InvocationTokenAuthentication, CsrfSessionAuthentication]
-
-    # The same schemes as every other view (the lean class is a BearerTokenAuthentication).
-    # drf-spectacular hints `auth` as strings but emits it as the operation's security list.
-    @extend_schema(request=OBJECT, responses=OBJECT,
-                   auth=[{"bearerAuth": []}, {"cookieAuth": []}])  # type: ignore[list-item]
+    @extend_schema(request=OBJECT, responses=OBJECT)
     def post(self, request: Request, name: str) -> HttpResponse:
         endpoint = endpoint_for_invocation(request.user, name)
         if endpoint is None:

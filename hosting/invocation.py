@@ -20,11 +20,9 @@ from django.db import connection
 from django.db.models import F
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
-from rest_framework import exceptions
 
 from hosting.models import Endpoint, ModelKind, ModelVersion
 from hosting.serving import InvalidInstances, parse_instances, predictor_for
-from studio.authentication import BearerTokenAuthentication
 from studio.models import READ_ROLES
 
 FLUSH_SECONDS = 1.0
@@ -79,50 +77,12 @@ def endpoint_for_invocation(user, name: str) -> Endpoint | None:
     return endpoint
 
 
-# --- authentication for the hot path ------------------------------------------------------------
-# The checks of studio.authentication.BearerTokenAuthentication (the same header parsing,
-# ApiToken.key_id_of / secret_matches, expiry, active user, note_use) with the lookup as one
-# plain statement: the ORM's query building was most of a one-row request.
-_TOKEN_SQL = """
-SELECT t.id, t.secret_hash, t.expires_at, t.last_used_at, u.id, u.username, u.is_active, u.is_superuser
-FROM studio_apitoken t JOIN auth_user u ON u.id = t.user_id WHERE t.key_id = %s
-"""
-
-
 def _aware(value: Any):
     if isinstance(value, str):
         value = parse_datetime(value)
     if value is not None and timezone.is_naive(value):
         value = timezone.make_aware(value, UTC)
     return value
-
-
-class InvocationTokenAuthentication(BearerTokenAuthentication):
-    """request.user is a User carrying only id, username, is_active and is_superuser:
-    enough for endpoint_for_invocation's role check, which is all this path needs."""
-
-    def authenticate(self, request):
-        from django.contrib.auth import get_user_model
-
-        from studio.authentication import INVALID_TOKEN
-        from studio.models import ApiToken
-
-        raw = self.presented_token(request)
-        if raw is None:
-            return None
-        key_id = ApiToken.key_id_of(raw)
-        row = None
-        if key_id is not None:
-            with connection.cursor() as cursor:
-                cursor.execute(_TOKEN_SQL, [key_id])
-                row = cursor.fetchone()
-        expires_at = _aware(row[2]) if row else None
-        if (row is None or not ApiToken.secret_matches(raw, row[1]) or not row[6]
-                or (expires_at is not None and expires_at <= timezone.now())):
-            raise exceptions.AuthenticationFailed(INVALID_TOKEN)
-        self.note_use(row[0], _aware(row[3]))
-        user = get_user_model()(id=row[4], username=row[5], is_active=bool(row[6]), is_superuser=bool(row[7]))
-        return (user, None)
 
 
 def invoke(endpoint: Endpoint, instances: Any) -> dict[str, Any]:
