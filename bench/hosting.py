@@ -20,9 +20,7 @@ import http.client
 import json
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from studio_setup import gunicorn_command, start_server, stop_server  # noqa: E402 - bench/ is the script's dir
 
 ONE_ROW_SECONDS = 12.0
 ONE_ROW_MAX = 3000
@@ -103,22 +103,6 @@ def baseline(model_dir: Path, row: dict) -> list[float]:
     return timings
 
 
-def wait_until_answering(port: int, process: subprocess.Popen, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"gunicorn exited with {process.returncode}: {process.stderr.read().decode()[-2000:]}")
-        try:
-            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            connection.request("GET", "/login/")
-            connection.getresponse().read()
-            connection.close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"gunicorn on port {port} did not answer within {timeout:.0f} s")
-
-
 def post_many(port: int, token: str, body: bytes, seconds: float, limit: int) -> tuple[list[float], int]:
     """Sequential requests on one keep-alive connection; (latencies ms, errors)."""
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
@@ -157,11 +141,7 @@ def main() -> int:
 
         port = free_port()
         env = {**os.environ, "STUDIO_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"}
-        process = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "studio.wsgi:application", "-k", "gthread", "--workers", "2",
-             "--threads", "8", "--bind", f"127.0.0.1:{port}", "--no-control-socket", "--log-level", "warning"],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-        wait_until_answering(port, process)
+        process = start_server(gunicorn_command(port), env, port)
         one = json.dumps({"instances": [rows[0]]}).encode()
         batch = json.dumps({"instances": rows}).encode()
         # Warm both workers (each loads the predictor once) on several connections.
@@ -172,11 +152,7 @@ def main() -> int:
         batch_latencies, batch_errors = post_many(port, token, batch, BATCH_SECONDS, 200)
     finally:
         if process is not None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
+            stop_server(process)
         if redis is not None:
             redis.stop()
         shutil.rmtree(data_dir, ignore_errors=True)

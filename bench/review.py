@@ -10,6 +10,8 @@
 2. Claim latency (p50/p99) with a backlog of 100,000 InProgress loops, claims and
    releases repeated by reviewers in turn; baseline: the same with a backlog of 1,000.
    The candidate query's plan is printed to show it walks the partial index.
+3. claim+answer over HTTP: 32 reviewer processes, each POSTing a claim and then its answer
+   with a bearer token to gunicorn (what `studio up` runs), paced as in 1.
 
 The bench creates its own database (trainyard_bench_review) on the server DATABASE_URL
 names and drops it at the end. Without a PostgreSQL DATABASE_URL it says so and exits:
@@ -22,7 +24,9 @@ import argparse
 import multiprocessing as mp
 import os
 import random
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -258,6 +262,132 @@ def bench_claim_answer(seconds: float, backlog: int, pace: float, paced_seconds:
         print(f"  invariants after '{title}': {check_invariants(flow)}")
 
 
+# --- 3. claim+answer over HTTP ----------------------------------------------------------------
+def http_reviewer(port: int, token: str, flow_id: int, seconds: float, pace: float, ready, go, out) -> None:
+    """One reviewer as the inbox page is: POST /api/v1/review/claim/, then POST the answer,
+    on one keep-alive connection; the latency is both requests."""
+    import http.client
+    import json
+
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    claim_body = json.dumps({"flow_definition": flow_id}).encode()
+    answer_body = json.dumps({"answer": {"label": "cat"}}).encode()
+    errors: list[str] = []
+
+    def post(path: str, body: bytes) -> tuple[int, bytes]:
+        for attempt in (1, 2):
+            try:
+                connection.request("POST", path, body=body, headers=headers)
+                response = connection.getresponse()
+                return response.status, response.read()
+            except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+                # gunicorn closes a connection idle for 2 s (its keep-alive): reconnect, as
+                # a browser does, and count the reconnect in the latency.
+                connection.close()
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def claim_answer() -> float | None:
+        """Seconds the claim took, or None when there was nothing to claim or it failed."""
+        began = time.perf_counter()
+        status, payload = post("/api/v1/review/claim/", claim_body)
+        claimed = time.perf_counter() - began
+        if status != 200:
+            if status != 204:
+                errors.append(f"claim {status}: {payload[:200]!r}")
+            return None
+        status, payload = post(f"/api/v1/review/assignments/{json.loads(payload)['assignment']}/answer/", answer_body)
+        if status != 200:
+            errors.append(f"answer {status}: {payload[:200]!r}")
+            return None
+        return claimed
+
+    claim_answer()  # warm: this connection, the server thread's database connection
+    ready.put(1)
+    while not go.value:
+        time.sleep(0.005)
+    start_at = go.value
+    next_at = start_at + random.random() * pace
+    latencies: list[float] = []
+    claims: list[float] = []
+    while time.time() < start_at + seconds:
+        delay = next_at - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        next_at += pace
+        began = time.perf_counter()
+        claimed = claim_answer()
+        if claimed is None:
+            break
+        latencies.append(time.perf_counter() - began)
+        claims.append(claimed)
+    connection.close()
+    out.put((latencies, claims, errors))
+
+
+def run_http_reviewers(port: int, flow, tokens: list[str], seconds: float, pace: float) -> dict:
+    context = mp.get_context("fork")
+    out, ready, go = context.Queue(), context.Queue(), context.Value("d", 0.0)
+    processes = [context.Process(target=http_reviewer, args=(port, token, flow.pk, seconds, pace, ready, go, out))
+                 for token in tokens]
+    for process in processes:
+        process.start()
+    for _ in processes:
+        ready.get(timeout=120)
+    go.value = time.time() + 0.5
+    results = [out.get(timeout=seconds + 120) for _ in processes]
+    for process in processes:
+        process.join(30)
+    latencies = [x for lat, _, _ in results for x in lat]
+    claims = [x for _, c, _ in results for x in c]
+    errors = [e for _, _, errs in results for e in errs]
+    return {"n": len(latencies), "p50": pct(latencies, 0.5) * 1000, "p99": pct(latencies, 0.99) * 1000,
+            "claim_p50": pct(claims, 0.5) * 1000, "claim_p99": pct(claims, 0.99) * 1000,
+            "rate": len(latencies) / seconds, "errors": errors}
+
+
+def bench_http(seconds: float, backlog: int, pace: float) -> None:
+    from studio_setup import gunicorn_command, start_server, stop_server
+
+    from studio import actions as studio_actions
+    from studio.embedded_redis import free_port
+
+    print(f"\n3. claim+answer over HTTP, {REVIEWERS} reviewers as the inbox page makes them (claim, then answer, "
+          f"each a request with a bearer token), gunicorn gthread 2×8 as `studio up` runs it, {seconds:.0f} s per run")
+    runs = []
+    for run_pace in (pace, pace / 4):
+        flow, users = make_flow(f"http-{run_pace:g}", 2, REVIEWERS)
+        fill_backlog(flow, backlog)
+        tokens = [studio_actions.issue_token(user, name=f"bench-{flow.pk}")[1] for user in users]
+        runs.append((run_pace, flow, tokens))
+    from django.db import connections
+
+    connections.close_all()
+    port = free_port()
+    data_dir = tempfile.mkdtemp(prefix="trainyard-bench-review-")
+    process = start_server(gunicorn_command(port), {**os.environ, "STUDIO_DATA_DIR": data_dir}, port)
+    results = []
+    try:
+        for run_pace, flow, tokens in runs:
+            results.append((f"{REVIEWERS}, 1 per {run_pace:g} s each", flow,
+                            run_http_reviewers(port, flow, tokens, seconds, run_pace)))
+    finally:
+        stop_server(process)
+        shutil.rmtree(data_dir, ignore_errors=True)
+    print(f"  {'':<40}" + "".join(f"{title:<24}" for title, _, _ in results))
+    for label, key, unit in (("claim+answer p50", "p50", "ms"), ("claim+answer p99 (target ≤ 50 ms)", "p99", "ms"),
+                             ("  of which claim p50", "claim_p50", "ms"), ("  of which claim p99", "claim_p99", "ms"),
+                             ("throughput (answers/s)", "rate", ""), ("answers recorded", "n", "")):
+        cells = [f"{r[key]:.1f} {unit}".strip() if unit else f"{r[key]:.0f}" for _, _, r in results]
+        print(f"  {label:<40}" + "".join(f"{cell:<24}" for cell in cells))
+    for title, flow, result in results:
+        errors = result["errors"]
+        print(f"  '{title}': {len(errors)} failed requests{': ' + errors[0] if errors else ''}; "
+              f"invariants: {check_invariants(flow)}")
+
+
 # --- 2. claim latency over a deep backlog ------------------------------------------------------
 def claim_release_latencies(flow, users, rounds: int) -> list[float]:
     from review import actions
@@ -339,6 +469,7 @@ def main() -> int:
                            paced_seconds=6.0 if args.quick else args.paced_seconds)
         bench_deep_backlog(backlog=10_000 if args.quick else 100_000, small=1_000,
                            rounds=300 if args.quick else 2_000)
+        bench_http(seconds=6.0 if args.quick else 20.0, backlog=5_000 if args.quick else 10_000, pace=args.pace)
     finally:
         drop_database(base)
         drop_bench_queue()

@@ -19,8 +19,6 @@ import http.client
 import importlib.util
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -29,6 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+from studio_setup import gunicorn_command, start_server, stop_server  # noqa: E402 - bench/ is the script's dir
+
 DATASETS = 50
 CONCURRENCY = (4, 32)
 # The list the brief names, plus a light authenticated endpoint: when the view itself is
@@ -100,33 +101,14 @@ def free_port() -> int:
 
 
 def server_commands(port: int) -> dict[str, list[str]]:
-    bind = f"127.0.0.1:{port}"
-    gunicorn = [sys.executable, "-m", "gunicorn", "studio.wsgi:application", "--bind", bind, "--workers", "2",
-                "--no-control-socket", "--log-level", "warning"]
     commands = {
-        "gunicorn gthread (2×8)": [*gunicorn, "-k", "gthread", "--threads", "8"],
-        "gunicorn sync (2)": [*gunicorn, "-k", "sync"],
+        "gunicorn gthread (2×8)": gunicorn_command(port),
+        "gunicorn sync (2)": gunicorn_command(port, worker_class="sync"),
     }
     if importlib.util.find_spec("uvicorn") is not None:
         commands["uvicorn (2)"] = [sys.executable, "-m", "uvicorn", "studio.asgi:application", "--host", "127.0.0.1",
                                    "--port", str(port), "--workers", "2", "--log-level", "warning"]
     return commands
-
-
-def wait_until_answering(port: int, process: subprocess.Popen, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}")
-        try:
-            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            connection.request("GET", "/login/")
-            connection.getresponse().read()
-            connection.close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"server on port {port} did not answer within {timeout:.0f} s")
 
 
 def hammer(port: int, token: str, connections: int, requests: int, seconds: float, server: str,
@@ -197,20 +179,13 @@ def main() -> int:
             if time.monotonic() - begun > TOTAL_BUDGET_SECONDS - len(phases) * PHASE_SECONDS - 5:
                 print(f"note: time budget spent; skipping {name}")
                 continue
-            process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                       start_new_session=True)
+            process = start_server(argv, env, port)
             try:
-                wait_until_answering(port, process)
                 hammer(port, token, 2, WARMUP_REQUESTS, 10, name)  # import paths, DB connections, caches
                 for endpoint, connections in phases:
                     results.append(hammer(port, token, connections, REQUESTS_PER_PHASE, PHASE_SECONDS, name, endpoint))
             finally:
-                os.killpg(process.pid, signal.SIGTERM)
-                try:
-                    process.wait(10)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait()
+                stop_server(process)
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
 

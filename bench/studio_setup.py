@@ -61,3 +61,53 @@ class PrivateStudio:
             log.close()
         if self.redis:
             self.redis.stop()
+
+
+# --- a studio web server for HTTP benchmarks ------------------------------------------------------
+def gunicorn_command(port: int, *, worker_class: str = "gthread", workers: int = 2, threads: int = 8) -> list[str]:
+    """What `studio up` runs (gthread, 2 workers × 8 threads) unless told otherwise."""
+    command = [sys.executable, "-m", "gunicorn", "studio.wsgi:application", "--bind", f"127.0.0.1:{port}",
+               "--workers", str(workers), "--no-control-socket", "--log-level", "warning", "-k", worker_class]
+    return [*command, "--threads", str(threads)] if worker_class == "gthread" else command
+
+
+def start_server(argv: list[str], env: dict[str, str], port: int, timeout: float = 30.0) -> subprocess.Popen:
+    """Start a server in a session of its own; returns once it answers on `port`."""
+    process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               start_new_session=True)
+    try:
+        wait_until_answering(port, process, timeout)
+    except BaseException:
+        stop_server(process)
+        raise
+    return process
+
+
+def wait_until_answering(port: int, process: subprocess.Popen, timeout: float = 30.0) -> None:
+    import http.client
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            stderr = process.stderr.read().decode(errors="replace")[-2000:] if process.stderr else ""
+            raise RuntimeError(f"server exited with {process.returncode}: {stderr}")
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            connection.request("GET", "/login/")
+            connection.getresponse().read()
+            connection.close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"server on port {port} did not answer within {timeout:.0f} s")
+
+
+def stop_server(process: subprocess.Popen) -> None:
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
