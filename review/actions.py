@@ -13,7 +13,7 @@ import logging
 import random
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -505,32 +505,15 @@ def _answer_in_postgres(assignment_id: int, user, answer: dict) -> Assignment | 
 
 
 def _consolidate_in_postgres(cursor, loop: HumanLoop, task_type: str, team_id: int, labels: list, now: datetime) -> None:
-    """_consolidate's rules in SQL (the loop row locked): complete, or escalate a tie."""
-    if task_type == TaskType.FREE_TEXT:
-        winner: str | None = ""
-        agreement = None
-        tie = False
-    else:
-        labels = [label for label in labels if isinstance(label, str)]
-        votes, winner, tie = vote(labels)
-        agreement = (votes.most_common(1)[0][1] / len(labels)) if labels else None
-        if tie and loop.escalations < MAX_ESCALATIONS:
-            cursor.execute(_SOMEONE_LEFT_SQL.format(members=WorkTeam.members.through._meta.db_table),
-                           {"team": team_id, "loop": loop.pk})
-            if cursor.fetchone()[0]:
-                cursor.execute("UPDATE review_humanloop SET answers_needed = answers_needed + 1, "
-                               "open_slots = open_slots + 1, escalations = escalations + 1 WHERE id = %s", [loop.pk])
-                loop.answers_needed += 1
-                loop.open_slots += 1
-                loop.escalations += 1
-                return
-        winner = NO_CONSENSUS if tie else (winner or NO_CONSENSUS)
-    cursor.execute("UPDATE review_humanloop SET status = %s, completed_at = %s, consolidated_label = %s, "
-                   "agreement = %s WHERE id = %s", [LoopStatus.COMPLETED, now, winner, agreement, loop.pk])
-    loop.status = LoopStatus.COMPLETED
-    loop.completed_at = now
-    loop.consolidated_label = winner or ""
-    loop.agreement = agreement
+    """_settle's rules (the loop row locked), written with one UPDATE."""
+    def someone_left() -> bool:
+        cursor.execute(_SOMEONE_LEFT_SQL.format(members=WorkTeam.members.through._meta.db_table),
+                       {"team": team_id, "loop": loop.pk})
+        return bool(cursor.fetchone()[0])
+
+    fields = _settle(loop, task_type, [label for label in labels if isinstance(label, str)], someone_left, now)
+    cursor.execute(f"UPDATE review_humanloop SET {', '.join(f'{field} = %s' for field in fields)} WHERE id = %s",
+                   [*(getattr(loop, field) for field in fields), loop.pk])
 
 
 def release_slot(assignment_id: int, user) -> Assignment:
@@ -559,18 +542,26 @@ def vote(labels: Sequence[str]) -> tuple[Counter, str | None, bool]:
 
 
 def _consolidate(loop: HumanLoop, now: datetime) -> list[str]:
-    """All needed answers are in (loop row locked): complete, or escalate a tie by one
-    more slot. Returns the loop fields changed."""
-    if loop.flow_definition.task_type == TaskType.FREE_TEXT:
+    """All needed answers are in (loop row locked): _settle with the answers read through
+    the ORM. Returns the loop fields changed."""
+    labels = [a["label"] for a in loop.assignments.filter(status=AssignmentStatus.ANSWERED)
+              .values_list("answer", flat=True) if isinstance(a, dict) and "label" in a]
+    return _settle(loop, loop.flow_definition.task_type, labels, lambda: _someone_left_to_ask(loop), now)
+
+
+def _settle(loop: HumanLoop, task_type: str, labels: list[str], someone_left: Callable[[], bool],
+            now: datetime) -> list[str]:
+    """The consolidation rules, on the loop in memory: complete it (free text; a majority;
+    a tie with no escalation left → no consensus), or escalate a tie by one more slot.
+    Returns the loop fields changed, for the caller to write."""
+    if task_type == TaskType.FREE_TEXT:
         loop.status = LoopStatus.COMPLETED
         loop.completed_at = now
         loop.consolidated_label = ""
         loop.agreement = None
         return ["status", "completed_at", "consolidated_label", "agreement"]
-    labels = [a["label"] for a in loop.assignments.filter(status=AssignmentStatus.ANSWERED)
-              .values_list("answer", flat=True) if isinstance(a, dict) and "label" in a]
     votes, winner, tie = vote(labels)
-    if tie and loop.escalations < MAX_ESCALATIONS and _someone_left_to_ask(loop):
+    if tie and loop.escalations < MAX_ESCALATIONS and someone_left():
         loop.answers_needed += 1
         loop.open_slots += 1
         loop.escalations += 1
