@@ -13,17 +13,14 @@ import json
 import threading
 import time
 from collections import Counter
-from datetime import UTC
 from typing import Any
 
 from django.db import connection
 from django.db.models import F
-from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
 from hosting.models import Endpoint, ModelKind, ModelVersion
 from hosting.serving import InvalidInstances, parse_instances, predictor_for
-from studio.models import READ_ROLES
+from studio.models import READ_ROLES, aware_datetime
 
 FLUSH_SECONDS = 1.0
 
@@ -60,7 +57,7 @@ def endpoint_for_invocation(user, name: str) -> Endpoint | None:
         row = cursor.fetchone()
     if row is None:
         return None
-    created_at = _aware(row[12])  # SQLite may hand timestamps back as text
+    created_at = aware_datetime(row[12])  # SQLite may hand timestamps back as text
     version = ModelVersion(id=row[4], model_id=row[5], version=row[6], artifact_uri=row[7], algorithm=row[8],
                            kind=row[9], labels=_json(row[10]), input_schema=_json(row[11]), created_at=created_at)
     endpoint = Endpoint(id=row[0], name=row[1], project_id=row[2], model_version_id=version.pk,
@@ -75,14 +72,6 @@ def endpoint_for_invocation(user, name: str) -> Endpoint | None:
                                                   activation=_json(row[15]), task_count=row[16],
                                                   task_availability_seconds=row[17])
     return endpoint
-
-
-def _aware(value: Any):
-    if isinstance(value, str):
-        value = parse_datetime(value)
-    if value is not None and timezone.is_naive(value):
-        value = timezone.make_aware(value, UTC)
-    return value
 
 
 def invoke(endpoint: Endpoint, instances: Any) -> dict[str, Any]:

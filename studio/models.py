@@ -169,19 +169,25 @@ def _token_lookup() -> tuple[str, list, Any, list]:
     return sql, token_fields, user_model, user_fields
 
 
+def aware_datetime(value: Any) -> Any:
+    """A timestamp read with plain SQL as the ORM gives it: SQLite hands back text, naive
+    in UTC; PostgreSQL an aware datetime (returned as it is)."""
+    if isinstance(value, str):
+        from django.utils.dateparse import parse_datetime
+
+        value = parse_datetime(value)
+    if value is not None and settings.USE_TZ and timezone.is_naive(value):
+        value = timezone.make_aware(value, UTC)
+    return value
+
+
 def _python_value(field: models.Field, value: Any) -> Any:
     """What the ORM would give for a raw column value (SQLite hands back text timestamps,
     naive in UTC, and integers for booleans)."""
     if value is None:
         return None
     if isinstance(field, models.DateTimeField):
-        if isinstance(value, str):
-            from django.utils.dateparse import parse_datetime
-
-            value = parse_datetime(value)
-        if value is not None and settings.USE_TZ and timezone.is_naive(value):
-            value = timezone.make_aware(value, UTC)
-        return value
+        return aware_datetime(value)
     if isinstance(field, models.BooleanField):
         return bool(value)
     return value
