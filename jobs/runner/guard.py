@@ -124,11 +124,11 @@ def kill_group(process: subprocess.Popen, pgid: int, extra_pids: set[int] | None
     The marked processes are looked up afresh each round for the same reason."""
     extra = extra_pids or set()
     deadline = time.monotonic() + timeout
+    targets = extra | marked_pids(mark)
     while True:
-        targets = extra | marked_pids(mark)
         signal_group(pgid, signal.SIGKILL, targets)
-        if (not group_alive(process, pgid) and not any_alive(targets | marked_pids(mark))) \
-                or time.monotonic() > deadline:
+        targets = extra | marked_pids(mark)  # one /proc scan a round: what is still there is signalled next
+        if (not group_alive(process, pgid) and not any_alive(targets)) or time.monotonic() > deadline:
             return
         time.sleep(0.05)
 
