@@ -58,6 +58,8 @@ PARTS = ("sdk", "ingest", "downsample", "live")
 
 sys.path.insert(0, str(ROOT))
 
+from studio_setup import stop_server  # noqa: E402 - bench/ is the script's dir
+
 
 def pct(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
@@ -204,12 +206,7 @@ def mlflow_baselines(workdir: Path) -> dict[str, dict | str]:
             except subprocess.TimeoutExpired:
                 results[mode] = "timed out after 240 s"
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        stop_server(server)
     return results
 
 

@@ -140,7 +140,7 @@ def settle() -> None:
 
 
 # --- 1. claim+answer with concurrent reviewer processes ------------------------------------
-def reviewer_process(user_id: int, flow_id: int, seconds: float, ready, go, out, pace: float = 0.0) -> None:
+def reviewer_process(user_id: int, flow_id: int, seconds: float, pace: float, ready, go, out) -> None:
     setup_django()
     from django.contrib.auth import get_user_model
     from django.db import connections
@@ -194,16 +194,13 @@ def reviewer_process(user_id: int, flow_id: int, seconds: float, ready, go, out,
     out.put((latencies, claims))
 
 
-def run_reviewers(flow, users, seconds: float, pace: float = 0.0) -> dict:
-    from django.db import connections
-
-    connections.close_all()  # the children open their own
+def run_together(target, arguments: list[tuple], pace: float, seconds: float) -> list:
+    """One forked process per argument tuple, each called as target(*arguments, pace,
+    ready, go, out); they all start measuring together once every one has said it is warm
+    (ready), and each puts its results on `out`."""
     context = mp.get_context("fork")
-    out = context.Queue()
-    ready = context.Queue()
-    go = context.Value("d", 0.0)
-    processes = [context.Process(target=reviewer_process, args=(u.pk, flow.pk, seconds, ready, go, out, pace))
-                 for u in users]
+    out, ready, go = context.Queue(), context.Queue(), context.Value("d", 0.0)
+    processes = [context.Process(target=target, args=(*args, pace, ready, go, out)) for args in arguments]
     for process in processes:
         process.start()
     for _ in processes:
@@ -212,6 +209,24 @@ def run_reviewers(flow, users, seconds: float, pace: float = 0.0) -> dict:
     results = [out.get(timeout=seconds + 120) for _ in processes]
     for process in processes:
         process.join(30)
+    return results
+
+
+def print_runs(results: list[tuple[str, object, dict]]) -> None:
+    """One column per (title, flow, figures) run."""
+    print(f"  {'':<40}" + "".join(f"{title:<24}" for title, _, _ in results))
+    for label, key, unit in (("claim+answer p50", "p50", "ms"), ("claim+answer p99 (target ≤ 50 ms)", "p99", "ms"),
+                             ("  of which claim p50", "claim_p50", "ms"), ("  of which claim p99", "claim_p99", "ms"),
+                             ("throughput (answers/s)", "rate", ""), ("answers recorded", "n", "")):
+        cells = [f"{r[key]:.1f} {unit}".strip() if unit else f"{r[key]:.0f}" for _, _, r in results]
+        print(f"  {label:<40}" + "".join(f"{cell:<24}" for cell in cells))
+
+
+def run_reviewers(flow, users, seconds: float, pace: float = 0.0) -> dict:
+    from django.db import connections
+
+    connections.close_all()  # the children open their own
+    results = run_together(reviewer_process, [(u.pk, flow.pk, seconds) for u in users], pace, seconds)
     latencies = [x for lat, _ in results for x in lat]
     claims = [x for _, c in results for x in c]
     return {"n": len(latencies), "p50": pct(latencies, 0.5) * 1000, "p99": pct(latencies, 0.99) * 1000,
@@ -248,12 +263,7 @@ def bench_claim_answer(seconds: float, backlog: int, pace: float, paced_seconds:
         flow, users = make_flow(name, task_count, REVIEWERS)
         fill_backlog(flow, backlog)
         results.append((title, flow, run_reviewers(flow, users[:reviewers], length, pace=run_pace)))
-    print(f"  {'':<40}" + "".join(f"{title:<24}" for title, _, _ in results))
-    for label, key, unit in (("claim+answer p50", "p50", "ms"), ("claim+answer p99 (target ≤ 50 ms)", "p99", "ms"),
-                             ("  of which claim p50", "claim_p50", "ms"), ("  of which claim p99", "claim_p99", "ms"),
-                             ("throughput (answers/s)", "rate", ""), ("answers recorded", "n", "")):
-        cells = [f"{r[key]:.1f} {unit}".strip() if unit else f"{r[key]:.0f}" for _, _, r in results]
-        print(f"  {label:<40}" + "".join(f"{cell:<24}" for cell in cells))
+    print_runs(results)
     single = results[0][2]
     print("  p99 ratio to the baseline: " + ", ".join(
         f"{title} {r['p99'] / single['p99']:.1f}×" for title, _, r in results[1:]))
@@ -328,18 +338,7 @@ def http_reviewer(port: int, token: str, flow_id: int, seconds: float, pace: flo
 
 
 def run_http_reviewers(port: int, flow, tokens: list[str], seconds: float, pace: float) -> dict:
-    context = mp.get_context("fork")
-    out, ready, go = context.Queue(), context.Queue(), context.Value("d", 0.0)
-    processes = [context.Process(target=http_reviewer, args=(port, token, flow.pk, seconds, pace, ready, go, out))
-                 for token in tokens]
-    for process in processes:
-        process.start()
-    for _ in processes:
-        ready.get(timeout=120)
-    go.value = time.time() + 0.5
-    results = [out.get(timeout=seconds + 120) for _ in processes]
-    for process in processes:
-        process.join(30)
+    results = run_together(http_reviewer, [(port, token, flow.pk, seconds) for token in tokens], pace, seconds)
     latencies = [x for lat, _, _ in results for x in lat]
     claims = [x for _, c, _ in results for x in c]
     errors = [e for _, _, errs in results for e in errs]
@@ -376,12 +375,7 @@ def bench_http(seconds: float, backlog: int, pace: float) -> None:
     finally:
         stop_server(process)
         shutil.rmtree(data_dir, ignore_errors=True)
-    print(f"  {'':<40}" + "".join(f"{title:<24}" for title, _, _ in results))
-    for label, key, unit in (("claim+answer p50", "p50", "ms"), ("claim+answer p99 (target ≤ 50 ms)", "p99", "ms"),
-                             ("  of which claim p50", "claim_p50", "ms"), ("  of which claim p99", "claim_p99", "ms"),
-                             ("throughput (answers/s)", "rate", ""), ("answers recorded", "n", "")):
-        cells = [f"{r[key]:.1f} {unit}".strip() if unit else f"{r[key]:.0f}" for _, _, r in results]
-        print(f"  {label:<40}" + "".join(f"{cell:<24}" for cell in cells))
+    print_runs(results)
     for title, flow, result in results:
         errors = result["errors"]
         print(f"  '{title}': {len(errors)} failed requests{': ' + errors[0] if errors else ''}; "
