@@ -9,7 +9,6 @@ Invocation counts are summed in memory and written at most once a second per pro
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections import Counter
@@ -20,7 +19,7 @@ from django.db.models import F
 
 from hosting.models import Endpoint, ModelKind, ModelVersion
 from hosting.serving import InvalidInstances, parse_instances, predictor_for
-from studio.models import READ_ROLES, aware_datetime
+from studio.models import READ_ROLES, aware_datetime, json_column
 
 FLUSH_SECONDS = 1.0
 
@@ -44,10 +43,6 @@ WHERE e.name = %s AND (%s OR EXISTS (
 _ROLES = sorted(str(role) for role in READ_ROLES)
 
 
-def _json(value: Any) -> Any:
-    return json.loads(value) if isinstance(value, (str, bytes)) else value
-
-
 def endpoint_for_invocation(user, name: str) -> Endpoint | None:
     """The endpoint (with its model_version and flow_definition set) if the user may invoke
     it — a reader of its project — else None (a 404: outsiders learn nothing)."""
@@ -59,7 +54,7 @@ def endpoint_for_invocation(user, name: str) -> Endpoint | None:
         return None
     created_at = aware_datetime(row[12])  # SQLite may hand timestamps back as text
     version = ModelVersion(id=row[4], model_id=row[5], version=row[6], artifact_uri=row[7], algorithm=row[8],
-                           kind=row[9], labels=_json(row[10]), input_schema=_json(row[11]), created_at=created_at)
+                           kind=row[9], labels=json_column(row[10]), input_schema=json_column(row[11]), created_at=created_at)
     endpoint = Endpoint(id=row[0], name=row[1], project_id=row[2], model_version_id=version.pk,
                         flow_definition_id=row[3])
     endpoint.model_version = version
@@ -69,7 +64,7 @@ def endpoint_for_invocation(user, name: str) -> Endpoint | None:
 
         # Only what review.actions.start_loops_for_predictions reads.
         endpoint.flow_definition = FlowDefinition(id=row[3], name=row[13], project_id=row[14],
-                                                  activation=_json(row[15]), task_count=row[16],
+                                                  activation=json_column(row[15]), task_count=row[16],
                                                   task_availability_seconds=row[17])
     return endpoint
 

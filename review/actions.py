@@ -35,6 +35,7 @@ from review.models import (
     TaskType,
     WorkTeam,
 )
+from studio.models import json_column
 
 log = logging.getLogger(__name__)
 
@@ -478,7 +479,7 @@ def _answer_in_postgres(assignment_id: int, user, answer: dict) -> Assignment | 
         if row is None or row[2] != LoopStatus.IN_PROGRESS:
             return None
         loop_id, name, _status, answers_needed, escalations, task_type, labels, team_id = row
-        flow = FlowDefinition(task_type=task_type, labels=labels)
+        flow = FlowDefinition(task_type=task_type, labels=json_column(labels))
         try:
             clean = check_answer(flow, answer)
         except ReviewError:

@@ -181,6 +181,14 @@ def aware_datetime(value: Any) -> Any:
     return value
 
 
+def json_column(value: Any) -> Any:
+    """A JSON column read with plain SQL as the ORM gives it: Django has psycopg hand jsonb
+    back as text (and SQLite stores text), so parse it; a value already parsed is returned."""
+    import json
+
+    return json.loads(value) if isinstance(value, (str, bytes)) else value
+
+
 def _python_value(field: models.Field, value: Any) -> Any:
     """What the ORM would give for a raw column value (SQLite hands back text timestamps,
     naive in UTC, and integers for booleans)."""

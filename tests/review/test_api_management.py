@@ -178,6 +178,10 @@ def test_reviewer_api_bad_inputs(client_for, make_flow, make_loops, reviewer):
     held = client.post("/api/v1/review/claim/", {}, format="json").json()
     url = f"/api/v1/review/assignments/{held['assignment']}"
     assert_field_error(client.post(f"{url}/answer/", {"answer": {"label": "horse"}}, format="json"), 400, "answer")
+    # Nothing but a whole label counts (never a piece of the label list's JSON).
+    for not_a_label in ("ca", 'cat", "dog', "[", ", ", ""):
+        assert_field_error(client.post(f"{url}/answer/", {"answer": {"label": not_a_label}}, format="json"), 400,
+                           "answer")
     assert_field_error(client.post(f"{url}/answer/", {}, format="json"), 400, "answer")
     assert client.post(f"{url}/release/").status_code == 200
     released = client.post(f"{url}/answer/", {"answer": {"label": "cat"}}, format="json")
