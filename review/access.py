@@ -42,14 +42,6 @@ def get_flow_for_user(user, pk: int, *, write: bool = False) -> FlowDefinition:
     return flow
 
 
-def get_reviewable_flow(user, pk: int) -> FlowDefinition:
-    """A flow whose items this user may claim (their work team's); 404 otherwise."""
-    flow = FlowDefinition.objects.reviewable_by(user).filter(pk=pk).first()
-    if flow is None:
-        raise Http404("No such flow definition.")
-    return flow
-
-
 def get_loop_for_user(user, name: str, *, write: bool = False) -> HumanLoop:
     """A loop by name for project readers (write: scientist/admin). Reviewers see loops
     only through their own assignments, so a loop name alone gives them nothing."""

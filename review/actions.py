@@ -193,19 +193,19 @@ def start_loops_for_predictions(flow: FlowDefinition | None, items: Sequence[tup
 
 
 # --- claims ---------------------------------------------------------------------------------
-def _candidate_rows(user, flows, order: str, now: datetime, limit: int) -> list[tuple[int, int]]:
-    """(loop id, flow id) of open loops of `flows` (ids, or a subquery of them) the user
-    holds, answered or skipped nothing of, in the flow's order: the claim candidates where
-    rows cannot be locked (SQLite; PostgreSQL claims with _CLAIM_SQL)."""
+def _candidate_rows(user, flow_id: int, order: str, now: datetime, limit: int) -> list[int]:
+    """Ids of the flow's open loops the user holds, answered or skipped nothing of, in the
+    flow's order: the claim candidates where rows cannot be locked (SQLite; PostgreSQL
+    claims with _CLAIM_SQL)."""
     mine = Assignment.objects.filter(loop=OuterRef("pk"), worker=user, status__in=LIVE_ASSIGNMENT_STATUSES)
-    loops = (HumanLoop.objects.filter(flow_definition_id__in=flows, status=LoopStatus.IN_PROGRESS,
+    loops = (HumanLoop.objects.filter(flow_definition_id=flow_id, status=LoopStatus.IN_PROGRESS,
                                       open_slots__gt=0, expires_at__gt=now)
              .filter(~Exists(mine)))
     if order == LoopOrder.LEAST_CONFIDENT:
         loops = loops.order_by(F("confidence").asc(nulls_last=True), "id")
     else:
         loops = loops.order_by("created_at", "id")
-    return list(loops.values_list("id", "flow_definition_id")[:limit])
+    return list(loops.values_list("id", flat=True)[:limit])
 
 
 def _move_slot(loop_id: int) -> bool:
@@ -231,27 +231,55 @@ def _take_slot(loop_id: int, user, lease_seconds: int, now: datetime) -> Assignm
         return None
 
 
-def claim_next_slot(user, flow: FlowDefinition | None = None) -> Assignment | None:
+# The flows a reviewer may claim from (their work teams'), with every field a claim and its
+# response need: plain SQL, read once per claim (the ORM's query building cost more than
+# the query). {only} narrows it to one flow.
+_REVIEWABLE_FLOWS_SQL = """
+SELECT f.id, f.name, f.title, f.task_type, f.labels, f.instructions_html, f.show_prediction,
+       f.task_time_limit_seconds, f."order"
+FROM review_flowdefinition f
+WHERE {only} EXISTS (SELECT 1 FROM {members} m WHERE m.workteam_id = f.work_team_id AND m.user_id = %s)
+ORDER BY f.id
+"""
+
+
+def reviewable_flows(user, flow_id: int | None = None) -> list[FlowDefinition]:
+    """The flows whose items the user may claim, by id ([] or [that flow] with flow_id).
+    Partial instances: the fields claims and claim_json read, never saved."""
+    sql = _REVIEWABLE_FLOWS_SQL.format(only="f.id = %s AND" if flow_id is not None else "",
+                                       members=WorkTeam.members.through._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [flow_id, user.pk] if flow_id is not None else [user.pk])
+        rows = cursor.fetchall()
+    return [FlowDefinition(id=pk, name=name, title=title, task_type=task_type, labels=json_column(labels),
+                           instructions_html=instructions_html, show_prediction=bool(show_prediction),
+                           task_time_limit_seconds=lease_seconds, order=order)
+            for pk, name, title, task_type, labels, instructions_html, show_prediction, lease_seconds, order in rows]
+
+
+def claim_next_slot(user, flow: FlowDefinition | int | None = None) -> Assignment | None:
     """Hold the next slot the user may answer, for the flow's task_time_limit_seconds;
-    None when there is nothing for them. Without a flow: the user's teams' flows in turn
-    (by id), each in its own order. One flow at a time keeps every candidate query on
-    its partial index; a query over several flows at once would sort their whole backlog."""
+    None when there is nothing for them (or the flow is not theirs to review). Without a
+    flow: the user's teams' flows in turn (by id), each in its own order."""
+    flow_id = flow.pk if isinstance(flow, FlowDefinition) else flow
+    return claim_in_flows(user, reviewable_flows(user, flow_id))
+
+
+def claim_in_flows(user, flows: Sequence[FlowDefinition]) -> Assignment | None:
+    """The claim over flows from reviewable_flows, in turn. One flow at a time keeps every
+    candidate query on its partial index; a query over several flows at once would sort
+    their whole backlog. The assignment comes with .loop (name, input_content,
+    prediction) and .loop.flow_definition set: what claim_json shows."""
+    if not flows:
+        return None
     now = timezone.now()
     # Leases that ran out give their slots back before we look: a claim never waits on
     # beat. One indexed query when none has (the partial index assignment_lease).
     expire_leases(now, limit=CLAIM_EXPIRY_BATCH)
-    if flow is not None:
-        if connection.features.has_select_for_update_skip_locked:
-            # The membership check rides in the claim statement.
-            return _claim_in(user, [flow.pk], flow.order, flow.task_time_limit_seconds, now)
-        # The membership check rides in the candidate query as a subquery.
-        member_of = FlowDefinition.objects.reviewable_by(user).filter(pk=flow.pk).values("pk")
-        return _claim_in(user, member_of, flow.order, flow.task_time_limit_seconds, now)
-    flows = (FlowDefinition.objects.reviewable_by(user).order_by("pk")
-             .values_list("pk", "order", "task_time_limit_seconds").distinct())
-    for flow_id, order, lease_seconds in flows:
-        assignment = _claim_in(user, [flow_id], order, lease_seconds, now)
+    for flow in flows:
+        assignment = _claim_in(user, flow, now)
         if assignment is not None:
+            assignment.loop.flow_definition = flow
             return assignment
     return None
 
@@ -259,9 +287,10 @@ def claim_next_slot(user, flow: FlowDefinition | None = None) -> Assignment | No
 # PostgreSQL: the whole claim is one statement (ARCHITECTURE: the lean path on hot
 # endpoints): pick the first open loop of the flow that the reviewer holds, answered or
 # skipped nothing of, locked with SKIP LOCKED so concurrent claimers never wait on one
-# another or get the same row; move one of its slots from open to held; insert the hold.
-# The membership check rides along, so a non-member gets nothing. The ORDER BY matches
-# the partial indexes loop_claim_oldest / loop_claim_least_confident.
+# another or get the same row; move one of its slots from open to held; insert the hold;
+# return the hold with what the reviewer is shown of the loop. The membership check rides
+# along, so a non-member gets nothing. The ORDER BY matches the partial indexes
+# loop_claim_oldest / loop_claim_least_confident.
 _CLAIM_SQL = """
 WITH candidate AS (
     SELECT l.id FROM review_humanloop l
@@ -277,11 +306,14 @@ WITH candidate AS (
 ), moved AS (
     UPDATE review_humanloop h SET open_slots = h.open_slots - 1, holds_count = h.holds_count + 1
     FROM candidate WHERE h.id = candidate.id AND h.open_slots > 0
-    RETURNING h.id
+    RETURNING h.id, h.name, h.input_content, h.prediction
+), held AS (
+    INSERT INTO review_assignment (loop_id, worker_id, status, claimed_at, lease_expires_at)
+    SELECT moved.id, %(user)s, 'held', %(now)s, %(lease)s FROM moved
+    RETURNING id, loop_id
 )
-INSERT INTO review_assignment (loop_id, worker_id, status, claimed_at, lease_expires_at)
-SELECT moved.id, %(user)s, 'held', %(now)s, %(lease)s FROM moved
-RETURNING id, loop_id
+SELECT held.id, moved.id, moved.name, moved.input_content, moved.prediction
+FROM held JOIN moved ON moved.id = held.loop_id
 """
 _CLAIM_ORDER = {LoopOrder.OLDEST: "l.created_at, l.id", LoopOrder.LEAST_CONFIDENT: "l.confidence ASC NULLS LAST, l.id"}
 
@@ -293,9 +325,8 @@ def claim_statement(user, flow_id: int, order: str, lease_seconds: int, now: dat
     return sql, {"flow": flow_id, "user": user.pk, "now": now, "lease": now + timedelta(seconds=lease_seconds)}
 
 
-def _claim_in_postgres(user, flow_id: int, order: str, lease_seconds: int, now: datetime) -> Assignment | None:
-    sql, params = claim_statement(user, flow_id, order, lease_seconds, now)
-    lease_expires_at = params["lease"]
+def _claim_in_postgres(user, flow: FlowDefinition, now: datetime) -> Assignment | None:
+    sql, params = claim_statement(user, flow.pk, flow.order, flow.task_time_limit_seconds, now)
     for _attempt in range(CLAIM_CANDIDATES):
         try:
             # One statement, atomic by itself (no BEGIN/COMMIT round trips); inside a
@@ -309,22 +340,27 @@ def _claim_in_postgres(user, flow_id: int, order: str, lease_seconds: int, now: 
             continue
         if row is None:
             return None
-        return Assignment(pk=row[0], loop_id=row[1], worker=user, status=AssignmentStatus.HELD, claimed_at=now,
-                          lease_expires_at=lease_expires_at)
+        assignment_id, loop_id, name, input_content, prediction = row
+        assignment = Assignment(pk=assignment_id, loop_id=loop_id, worker=user, status=AssignmentStatus.HELD,
+                                claimed_at=now, lease_expires_at=params["lease"])
+        assignment.loop = HumanLoop(pk=loop_id, name=name, flow_definition_id=flow.pk, status=LoopStatus.IN_PROGRESS,
+                                    input_content=json_column(input_content), prediction=json_column(prediction))
+        return assignment
     return None
 
 
-def _claim_in(user, flows, order: str, lease_seconds: int, now: datetime) -> Assignment | None:
-    """A claim within one flow. PostgreSQL: `flows` is [its id] and the claim is one
-    statement. Elsewhere (SQLite) `flows` may also be a subquery yielding the id; rows are
-    not locked there, so a few candidates are tried, each in a savepoint, and the
-    compare-and-set plus the unique constraint keep one slot to one reviewer."""
+def _claim_in(user, flow: FlowDefinition, now: datetime) -> Assignment | None:
+    """A claim within one flow the user may review. PostgreSQL: one statement. Elsewhere
+    (SQLite) rows are not locked, so a few candidates are tried, each in a savepoint, and
+    the compare-and-set plus the unique constraint keep one slot to one reviewer."""
     if connection.features.has_select_for_update_skip_locked:
-        return _claim_in_postgres(user, flows[0], order, lease_seconds, now)
+        return _claim_in_postgres(user, flow, now)
     with transaction.atomic():
-        for loop_id, _flow_id in _candidate_rows(user, flows, order, now, CLAIM_CANDIDATES):
-            assignment = _take_slot(loop_id, user, lease_seconds, now)
+        for loop_id in _candidate_rows(user, flow.pk, flow.order, now, CLAIM_CANDIDATES):
+            assignment = _take_slot(loop_id, user, flow.task_time_limit_seconds, now)
             if assignment is not None:
+                assignment.loop = HumanLoop.objects.only("name", "flow_definition_id", "status", "input_content",
+                                                         "prediction").get(pk=loop_id)
                 return assignment
     return None
 

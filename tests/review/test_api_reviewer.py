@@ -23,6 +23,7 @@ def test_claim_answer_release_payloads(make_flow, make_loops, reviewer, client_f
     assert body["labels"] == ["cat", "dog", "bird"]
     assert "<script" not in body["instructions"] and "<strong>closely</strong>" in body["instructions"]
     assert body["prediction"]["confidence"] == 0.5
+    assert body["input_content"] == first.input_content and isinstance(body["input_content"], dict)
     answered = client.post(f"/api/v1/review/assignments/{body['assignment']}/answer/", {"answer": {"label": "cat"}},
                            format="json")
     assert answered.status_code == 200, answered.content
@@ -36,3 +37,21 @@ def test_claim_answer_release_payloads(make_flow, make_loops, reviewer, client_f
     assert client.post("/api/v1/review/claim/", {}, format="json").status_code == 204
     assert HumanLoop.objects.get(pk=second.pk).open_slots == 1
     assert HumanLoop.objects.get(pk=first.pk).status == LoopStatus.COMPLETED
+
+
+@pytest.mark.django_db
+def test_claim_flow_definition_is_checked(make_flow, make_loops, reviewer, client_for):
+    flow = make_flow()
+    make_loops(flow, 1)
+    client = client_for(reviewer)
+    for bad in ("x", 0, -3, True, "1.5", [flow.pk]):
+        response = client.post("/api/v1/review/claim/", {"flow_definition": bad}, format="json")
+        assert response.status_code == 400, (bad, response.content)
+        assert "flow_definition" in response.json()["error"]["fields"]
+    missing = client.post("/api/v1/review/claim/", {"flow_definition": flow.pk + 1000}, format="json")
+    assert missing.status_code == 404
+    assert client.post("/api/v1/review/claim/", [1], format="json").status_code == 400
+    # A form post with the id as text claims too.
+    claimed = client.post("/api/v1/review/claim/", {"flow_definition": str(flow.pk)})
+    assert claimed.status_code == 200, claimed.content
+    assert claimed.json()["flow_definition"]["id"] == flow.pk
