@@ -445,7 +445,10 @@ def main() -> int:
                         help="seconds between one paced reviewer's claim+answer starts (default 2)")
     parser.add_argument("--paced-seconds", type=float, default=30.0,
                         help="length of the paced run (default 30: enough answers for a steady p99)")
+    parser.add_argument("--only", type=int, choices=(1, 2, 3), action="append",
+                        help="run only this section (repeatable); default: all three")
     args = parser.parse_args()
+    sections = set(args.only or (1, 2, 3))
     base = os.environ.get("DATABASE_URL", "")
     if not base.startswith(("postgres://", "postgresql://")):
         print("bench/review.py: skipped — set DATABASE_URL to a PostgreSQL server "
@@ -459,11 +462,14 @@ def main() -> int:
         call_command("migrate", verbosity=0)
         print(f"Human review claims on PostgreSQL ({DB_NAME}), {os.cpu_count()} CPUs")
         seconds = 3.0 if args.quick else args.seconds
-        bench_claim_answer(seconds, backlog=5_000 if args.quick else 40_000, pace=args.pace,
-                           paced_seconds=6.0 if args.quick else args.paced_seconds)
-        bench_deep_backlog(backlog=10_000 if args.quick else 100_000, small=1_000,
-                           rounds=300 if args.quick else 2_000)
-        bench_http(seconds=6.0 if args.quick else 20.0, backlog=5_000 if args.quick else 10_000, pace=args.pace)
+        if 1 in sections:
+            bench_claim_answer(seconds, backlog=5_000 if args.quick else 40_000, pace=args.pace,
+                               paced_seconds=6.0 if args.quick else args.paced_seconds)
+        if 2 in sections:
+            bench_deep_backlog(backlog=10_000 if args.quick else 100_000, small=1_000,
+                               rounds=300 if args.quick else 2_000)
+        if 3 in sections:
+            bench_http(seconds=6.0 if args.quick else 20.0, backlog=5_000 if args.quick else 10_000, pace=args.pace)
     finally:
         drop_database(base)
         drop_bench_queue()
