@@ -295,11 +295,17 @@
 
   // --- status, stop -----------------------------------------------------------------------------
   var refreshing = null;
+  var refreshAgain = false;
 
   // Re-read the page and swap the regions that depend on the status (header, status area,
-  // side panels): the server renders them the one way it always does.
+  // side panels): the server renders them the one way it always does. A status that
+  // arrives while a read is in flight gets a read of its own once that one is done (the
+  // page read in flight may predate it: Starting → Training within one read).
   function refreshRegions() {
-    if (refreshing) return refreshing;
+    if (refreshing) {
+      refreshAgain = true;
+      return refreshing;
+    }
     refreshing = fetch(live.urls.page, { credentials: "same-origin", headers: { Accept: "text/html" } })
       .then(function (response) { return response.text(); })
       .then(function (html) {
@@ -310,7 +316,13 @@
         });
       })
       .catch(function () { /* the next status event tries again */ })
-      .then(function () { refreshing = null; });
+      .then(function () {
+        refreshing = null;
+        if (refreshAgain) {
+          refreshAgain = false;
+          return refreshRegions();
+        }
+      });
     return refreshing;
   }
 

@@ -204,9 +204,15 @@
   }
 
   var refreshing = null;
+  var refreshAgain = false;
 
+  // A change seen while a page read is in flight gets a read of its own once that one is
+  // done (the read in flight may predate it).
   function refreshRegions() {
-    if (refreshing) return refreshing;
+    if (refreshing) {
+      refreshAgain = true;
+      return refreshing;
+    }
     refreshing = fetch(live.urls.page, { credentials: "same-origin", headers: { Accept: "text/html" } })
       .then(function (response) { return response.text(); })
       .then(function (html) {
@@ -218,7 +224,13 @@
         keepSortAndFilter();
       })
       .catch(function () { /* the next poll tries again */ })
-      .then(function () { refreshing = null; });
+      .then(function () {
+        refreshing = null;
+        if (refreshAgain) {
+          refreshAgain = false;
+          return refreshRegions();
+        }
+      });
     return refreshing;
   }
 
