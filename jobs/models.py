@@ -32,6 +32,9 @@ class TrainingJobQuerySet(models.QuerySet["TrainingJob"]):
     def unfinished(self) -> TrainingJobQuerySet:
         return self.exclude(status__in=FINISHED_STATUSES)
 
+    def not_archived(self) -> TrainingJobQuerySet:
+        return self.filter(archived_at__isnull=True)
+
     def running(self) -> TrainingJobQuerySet:
         return self.filter(status__in=[JobStatus.STARTING, JobStatus.TRAINING, JobStatus.UPLOADING, JobStatus.STOPPING])
 
@@ -102,6 +105,9 @@ class TrainingJob(models.Model):
     intermediate_values = models.JSONField(default=dict, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(default=timezone.now)
+    # Set when a delete had to keep the job (a registered model came from it, studio.deletion):
+    # lists hide it unless asked (?archived=true); its artifacts and metrics stay.
+    archived_at = models.DateTimeField(null=True, blank=True)
 
     objects: ClassVar[TrainingJobQuerySet] = TrainingJobQuerySet.as_manager()  # type: ignore[assignment]
 

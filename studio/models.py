@@ -199,3 +199,25 @@ def _python_value(field: models.Field, value: Any) -> Any:
     if isinstance(field, models.BooleanField):
         return bool(value)
     return value
+
+
+class PendingDeletion(models.Model):
+    """Objects in the store that deleted rows left behind (studio.deletion). Written in the
+    same transaction that deletes the rows, so a crash at any point leaves either the rows
+    or this intent, never neither; `uris` shrinks as the objects go, and the row goes when
+    the last one has. A row whose worker died is finished by the periodic sweep."""
+
+    what = models.CharField(max_length=300)  # "job 12 'resnet'", for logs and the admin
+    uris = models.JSONField(default=list)  # what is still to delete (prefixes or single objects)
+    total = models.PositiveIntegerField(default=0)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    # Touched after each object: the sweep finishes rows whose worker stopped touching them.
+    updated_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["created_at", "pk"]
+
+    def __str__(self) -> str:
+        return f"{self.what}: {len(self.uris)} of {self.total} left"

@@ -49,6 +49,9 @@ class EndReason(models.TextChoices):
 
 
 class TuningJobQuerySet(models.QuerySet["TuningJob"]):
+    def not_archived(self) -> TuningJobQuerySet:
+        return self.filter(archived_at__isnull=True)
+
     def active(self) -> TuningJobQuerySet:
         """The searches the engine advances."""
         return self.filter(status__in=[TuningStatus.IN_PROGRESS, TuningStatus.STOPPING])
@@ -92,6 +95,9 @@ class TuningJob(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Set when a delete had to keep the search (a registered model came from one of its
+    # trials, tuning.deletion): lists hide it unless asked (?archived=true).
+    archived_at = models.DateTimeField(null=True, blank=True)
 
     objects: ClassVar[TuningJobQuerySet] = TuningJobQuerySet.as_manager()  # type: ignore[assignment]
 
