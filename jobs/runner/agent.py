@@ -680,10 +680,12 @@ class NodeRun:
 
 def script_arguments(hyperparameters: dict) -> list[str]:
     """SageMaker's script mode passes hyperparameters as `--name value` arguments too
-    (sorted, str() of each value; a dict as k=v,k=v), so argparse-based scripts run unchanged."""
+    (sorted by name, str() of each value: a string as given, a boolean as True/False, a dict
+    as k=v,k=v sorted by key), so argparse-based scripts run unchanged. SM_HPS keeps the
+    JSON values. The launch passes them on untouched (jobs.runner.launch.build_command)."""
     args: list[str] = []
     for name in sorted(hyperparameters or {}):
         value = hyperparameters[name]
-        text = ",".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else str(value)
+        text = ",".join(f"{k}={v}" for k, v in sorted(value.items())) if isinstance(value, dict) else str(value)
         args += [f"--{name}", text]
     return args

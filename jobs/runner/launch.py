@@ -72,10 +72,19 @@ def build_command(spec: LaunchSpec) -> list[str]:
     # with a fresh attempt number and directory.
     command += ["--max_restarts", "0", "--role", ROLE, "--tee", "3", "--log_dir", str(spec.spool_dir)]
     if spec.module:
-        command += ["--module", spec.module]
-    else:
-        command += [spec.script]
-    return command + list(spec.args)
+        command += ["--module"]
+    # "--": everything after it is the target and its arguments, never torchrun's options.
+    # Without it torchrun's parser (abbreviations allowed) reads a hyperparameter `--start`
+    # as an ambiguous prefix of --start-method and fails, or `--log` as --log_dir ...
+    # (SPEC §8: nothing between the launcher and the script parses them).
+    return command + ["--", *(torchrun_literal(arg) for arg in (spec.module or spec.script, *spec.args))]
+
+
+def torchrun_literal(arg: str) -> str:
+    """`arg` escaped for torchrun's one rewrite of its workers' arguments: it substitutes
+    `${local_rank}` in each with string.Template, which also turns `$$` into `$`. Escaped,
+    every `$` reaches the process as it was given."""
+    return arg.replace("$", "$$")
 
 
 def launch_environment(spec: LaunchSpec) -> dict[str, str]:

@@ -55,7 +55,7 @@ def test_gpu_nodes_of_one_job_meet_at_node_0s_static_rendezvous(tmp_path):
         assert value_after(command, "--rdzv_endpoint") == endpoint
         assert value_after(command, "--rdzv_id") == "job-9-3"
         assert value_after(command, "--max_restarts") == "0"
-        assert command[-2:] == ["--module", "jobs.algorithms.charlm"]
+        assert command[-3:] == ["--module", "--", "jobs.algorithms.charlm"]
         assert launch_environment(spec)["TRAINYARD_DIST_BACKEND"] == "nccl"
     retry = LaunchSpec(job_id=9, attempt=4, python=PY, spool_dir=tmp_path, module="m", gpus=4, nnodes=2,
                        rendezvous_endpoint=endpoint)

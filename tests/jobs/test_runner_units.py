@@ -38,7 +38,7 @@ def test_single_node_launch_is_standalone(tmp_path):
     assert build_command(spec) == [
         PY, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2", "--standalone",
         "--max_restarts", "0", "--role", "trainer", "--tee", "3", "--log_dir", str(tmp_path),
-        "--module", "jobs.algorithms.tabular"]
+        "--module", "--", "jobs.algorithms.tabular"]
     assert launch_environment(spec) == {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:",
                                         "TRAINYARD_DIST_BACKEND": "gloo"}
 
