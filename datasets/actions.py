@@ -30,10 +30,6 @@ class DatasetError(Exception):
         self.status = status
 
 
-class VersionInUse(Exception):
-    pass
-
-
 @dataclass(frozen=True)
 class StoredFile:
     """A file already in the object store (an upload streamed there)."""
@@ -212,25 +208,77 @@ def register_local_files(*, project: Project, name: str, description: str, user,
                            root_uri=root_uri, stored=stored, options=options, kind=kind, source_uri=source_uri)
 
 
-def delete_version(version: DatasetVersion) -> None:
-    """Delete a version (and its uploaded files). Refused while any job uses it."""
-    if version.is_in_use():
-        raise VersionInUse(f"{version} is used by a training job; it cannot be deleted while that job exists.")
+@dataclass(frozen=True)
+class VersionUse:
+    """One thing that reads a version and so keeps it: a job or a batch prediction."""
+
+    kind: str  # "training job" | "batch prediction"
+    name: str
+    url: str
+
+
+def version_uses(version: DatasetVersion) -> list[VersionUse]:
+    """What reads this version (a job's input, a batch prediction's data), first few only."""
+    from django.urls import reverse
+
+    from hosting.models import BatchPrediction
+    from jobs.models import JobInput
+
+    uses = [VersionUse("training job", name, reverse("job-detail", args=[pk]))
+            for pk, name in JobInput.objects.filter(dataset_version=version).order_by("job_id")
+            .values_list("job_id", "job__name")[:5]]
+    uses += [VersionUse("batch prediction", f"{pk} (model {model} v{number})", reverse("model-detail", args=[model_id]))
+             for pk, model_id, model, number in BatchPrediction.objects.filter(dataset_version=version).order_by("pk")
+             .values_list("pk", "model_version__model_id", "model_version__model__name", "model_version__version")[:5]]
+    return uses
+
+
+class VersionInUse(Exception):
+    def __init__(self, version: DatasetVersion, uses: list[VersionUse]):
+        self.version = version
+        self.uses = uses
+        named = "; ".join(f"{u.kind} '{u.name}' ({u.url})" for u in uses)
+        first = uses[0]
+        super().__init__(f"{version} is used by {named}: delete that {first.kind} first, or keep this version.")
+
+
+def _delete_version_locked(version: DatasetVersion, dataset: Dataset) -> str | None:
+    """Inside the caller's transaction, with the dataset row locked: check use, delete the
+    row, return the owned files' root (None for a version registered in place)."""
+    uses = version_uses(version)
+    if uses:
+        raise VersionInUse(version, uses)
     owned_root = version.root_uri if version.source_kind in (SourceKind.UPLOAD, SourceKind.REVIEW) else None
+    version.delete()
+    return owned_root
+
+
+def delete_version(version: DatasetVersion) -> None:
+    """Delete a version (and, in the background, its uploaded files). Refused while a job
+    or a batch prediction reads it: the check runs under the dataset's row lock, inside
+    the transaction that deletes, so a job submitted meanwhile cannot slip past it."""
+    from studio.deletion import record_objects
+
     with transaction.atomic():
         dataset = Dataset.objects.select_for_update().get(pk=version.dataset_id)
-        version.delete()
+        version = DatasetVersion.objects.select_for_update().get(pk=version.pk)
+        owned_root = _delete_version_locked(version, dataset)
         if not dataset.versions.exists():
             dataset.delete()
-    if owned_root:
-        transaction.on_commit(lambda: discard_upload(owned_root))
+        record_objects(f"dataset version {version}", [owned_root] if owned_root else [])
 
 
 def delete_dataset(dataset: Dataset) -> None:
-    """Delete every version of a dataset. Refused while any job uses one of them."""
-    for version in dataset.versions.all():
-        if version.is_in_use():
-            raise VersionInUse(f"{version} is used by a training job; delete refused.")
-    for version in list(dataset.versions.all()):
-        delete_version(version)
-    Dataset.objects.filter(pk=dataset.pk).delete()
+    """Delete every version of a dataset, all or none: refused (nothing deleted) while a
+    job or a batch prediction reads any of them. The use check runs inside the deleting
+    transaction under the dataset's row lock."""
+    from studio.deletion import record_objects
+
+    with transaction.atomic():
+        dataset = Dataset.objects.select_for_update().get(pk=dataset.pk)
+        roots = []
+        for version in list(dataset.versions.select_for_update().order_by("version")):
+            if root := _delete_version_locked(version, dataset):
+                roots.append(root)
+        Dataset.objects.filter(pk=dataset.pk).delete()
+        record_objects(f"dataset {dataset}", roots)

@@ -8,7 +8,6 @@ from django.conf import settings
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -20,6 +19,7 @@ from datasets.uploads import ObjectStoreUploadHandler, StreamedUploadedFile, Upl
 from studio.access import check_role, get_project_for_user
 from studio.api import ApiError, PaginatedAPIView, paginate
 from studio.models import Project
+from studio.parsers import FormParser, JSONParser, MultiPartParser
 
 # Multipart framing (boundaries, part headers, other fields) on top of the file bytes.
 MULTIPART_OVERHEAD = 1024 * 1024

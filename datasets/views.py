@@ -18,6 +18,7 @@ from django.db.models import Prefetch
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils.html import format_html, format_html_join
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRefresh
 
@@ -207,9 +208,12 @@ def version_delete(request: HttpRequest, pk: int) -> HttpResponse:
     label = f"{dataset.name} v{version.version}"
     try:
         actions.delete_version(version)
-    except actions.VersionInUse:
-        messages.error(request, f"{label} is used by a training job, so it cannot be deleted. "
-                                "Delete that job first, or keep this version.")
+    except actions.VersionInUse as exc:
+        first = exc.uses[0]
+        named = format_html_join(", ", '{} <a href="{}">{}</a>', ((u.kind, u.url, u.name) for u in exc.uses))
+        what = "job" if first.kind == "training job" else first.kind
+        messages.error(request, format_html("{} is used by {}, so it cannot be deleted. Delete that {} first, "
+                                            "or keep this version.", label, named, what))
         return redirect(f"{reverse('dataset-detail', args=[dataset.pk])}?version={version.version}")
     messages.success(request, f"Deleted {label}.")
     if Dataset.objects.filter(pk=dataset.pk).exists():

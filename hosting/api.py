@@ -22,6 +22,7 @@ from hosting.models import BatchPrediction, Endpoint, Model, ModelVersion
 from hosting.serving import InvalidInstances
 from studio.access import get_project_for_user
 from studio.api import ApiError, PaginatedAPIView, paginate, project_for_write
+from studio.deletion import DeletionBlocked, blocked_error, destroy_schema
 from studio.models import Project
 
 OBJECT = OpenApiTypes.OBJECT
@@ -128,6 +129,42 @@ class ModelDetailView(APIView):
         model = get_model_for_user(request.user, pk)
         return Response(model_json(model, versions=list(model.versions.select_related("created_by").order_by("-version"))))
 
+    @destroy_schema(description="Delete a model with its versions and their finished batch predictions. 409 while "
+                    "an endpoint serves one of its versions (the message names the endpoint).")
+    def delete(self, request: Request, pk: int) -> Response:
+        from hosting.deletion import delete_model
+
+        try:
+            delete_model(get_model_for_user(request.user, pk, write=True))
+        except DeletionBlocked as exc:
+            raise blocked_error(exc) from exc
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class ModelVersionDetailView(APIView):
+    @extend_schema(responses=OBJECT)
+    def get(self, request: Request, pk: int, number: int) -> Response:
+        model = get_model_for_user(request.user, pk)
+        version = model.versions.select_related("created_by").filter(version=number).first()
+        if version is None:
+            raise Http404(f"Model '{model.name}' has no version {number}.")
+        return Response(version_json(version))
+
+    @destroy_schema(description="Delete a model version with its finished batch predictions. 409 while an endpoint "
+                    "serves it (the message names the endpoint) or a batch prediction over it runs.")
+    def delete(self, request: Request, pk: int, number: int) -> Response:
+        from hosting.deletion import delete_model_version
+
+        model = get_model_for_user(request.user, pk, write=True)
+        version = model.versions.filter(version=number).first()
+        if version is None:
+            raise Http404(f"Model '{model.name}' has no version {number}.")
+        try:
+            delete_model_version(version)
+        except DeletionBlocked as exc:
+            raise blocked_error(exc) from exc
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
 
 def download_version(request, model: Model, number: int) -> HttpResponse:
     """model.tar.gz of a version: streamed from a file:// store, or a short-lived
@@ -189,7 +226,7 @@ class EndpointDetailView(APIView):
             raise hosting_error(exc) from exc
         return Response(endpoint_json(_endpoints().get(pk=endpoint.pk)))
 
-    @extend_schema(responses={204: None})
+    @destroy_schema(description="Delete an endpoint: its invocation URL stops answering. The review items it sent stay.")
     def delete(self, request: Request, name: str) -> Response:
         actions.delete_endpoint(get_endpoint_for_user(request.user, name, write=True))
         return Response(status=status.HTTP_204_NO_CONTENT)

@@ -9,6 +9,7 @@ from hosting import api
 urlpatterns = [
     path("models/", api.ModelListView.as_view(), name="api-models"),
     path("models/<int:pk>/", api.ModelDetailView.as_view(), name="api-model"),
+    path("models/<int:pk>/versions/<int:number>/", api.ModelVersionDetailView.as_view(), name="api-model-version"),
     path("models/<int:pk>/versions/<int:number>/download", api.ModelVersionDownloadView.as_view(),
          name="api-model-version-download"),
     path("endpoints/", api.EndpointListView.as_view(), name="api-endpoints"),

@@ -6,7 +6,6 @@ from django.db.models import Prefetch
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
-from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -20,6 +19,7 @@ from jobs.serializers import JobCreateSerializer, JobSerializer, JobSummarySeria
 from studio.access import get_project_for_user
 from studio.api import ApiError, PaginatedAPIView, field_errors, paginate, project_for_write
 from studio.models import Project
+from studio.parsers import FormParser, MultiPartParser
 
 
 def job_detail_queryset():

@@ -152,6 +152,7 @@ class JobSerializer(serializers.ModelSerializer):
             "keep_alive_seconds", "retries", "metric_definitions", "environment", "tags", "attempt", "output_uri",
             "model_uri", "final_metrics", "created_by", "created_at", "started_at", "training_started_at", "finished_at",
             "warm_pool", "details", "tuning_job", "trial_number", "trial_params", "objective_value", "timeline",
+            "archived_at",
         ]
 
     def get_inputs(self, job: TrainingJob) -> dict:
@@ -174,7 +175,7 @@ class JobSummarySerializer(serializers.ModelSerializer):
     class Meta:
         model = TrainingJob
         fields = ["id", "project", "name", "status", "algorithm", "tags", "attempt", "priority", "final_metrics",
-                  "failure_reason", "warm_pool", "created_at", "started_at", "finished_at"]
+                  "failure_reason", "warm_pool", "created_at", "started_at", "finished_at", "archived_at"]
 
 
 STOPPABLE = (JobStatus.PENDING, JobStatus.STARTING, JobStatus.TRAINING)

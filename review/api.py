@@ -38,6 +38,7 @@ from review.serializers import (
 )
 from studio.access import check_role, get_project_for_user
 from studio.api import ApiError, PaginatedAPIView, paginate, project_for_write
+from studio.deletion import DeletionBlocked, blocked_error, destroy_schema
 from studio.models import Project
 
 STATUS_CODES = {404: "not_found", 409: "conflict", 400: "invalid"}
@@ -88,6 +89,16 @@ class WorkTeamDetailView(APIView):
     def get(self, request: Request, pk: int) -> Response:
         return Response(work_team_json(get_work_team_for_user(request.user, pk)))
 
+    @destroy_schema(description="Delete a work team. 409 while a flow uses it (the message names the flow).")
+    def delete(self, request: Request, pk: int) -> Response:
+        from review.deletion import delete_work_team
+
+        try:
+            delete_work_team(get_work_team_for_user(request.user, pk, write=True))
+        except DeletionBlocked as exc:
+            raise blocked_error(exc) from exc
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
 
 # --- flow definitions -----------------------------------------------------------------------
 class FlowDefinitionListView(PaginatedAPIView):
@@ -128,6 +139,17 @@ class FlowDefinitionDetailView(APIView):
     @extend_schema(responses=OpenApiTypes.OBJECT)
     def get(self, request: Request, pk: int) -> Response:
         return Response(flow_json(get_flow_for_user(request.user, pk)))
+
+    @destroy_schema(description="Delete a flow with its review items, their answers and output JSON. 409 while an "
+                    "endpoint or a running batch prediction sends items to it (the message names it).")
+    def delete(self, request: Request, pk: int) -> Response:
+        from review.deletion import delete_flow
+
+        try:
+            delete_flow(get_flow_for_user(request.user, pk, write=True))
+        except DeletionBlocked as exc:
+            raise blocked_error(exc) from exc
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class FlowDefinitionExportView(APIView):

@@ -13,6 +13,7 @@ from jobs.actions import NotStoppable
 from jobs.models import TrainingJob
 from studio.access import get_project_for_user
 from studio.api import ApiError, PaginatedAPIView, field_errors, paginate, project_for_write
+from studio.deletion import ARCHIVED_PARAMETER, DeletionBlocked, blocked_error, destroy_schema, wants_archived
 from studio.models import Project
 from tuning import actions
 from tuning.access import get_tuning_job_for_user
@@ -45,11 +46,13 @@ def counts_by_tuning_job(ids: list[int]) -> dict[int, dict[str, int]]:
 
 
 class TuningJobListView(PaginatedAPIView):
-    @extend_schema(parameters=[OpenApiParameter(name, str) for name in ("project", "status", "search")],
+    @extend_schema(parameters=[OpenApiParameter(name, str) for name in ("project", "status", "search")] + [ARCHIVED_PARAMETER],
                    responses=TuningJobSummarySerializer(many=True))
     def get(self, request: Request) -> Response:
         tunings = tuning_queryset().filter(project__in=Project.objects.readable_by(request.user))
         params = request.query_params
+        if not wants_archived(params):
+            tunings = tunings.filter(archived_at__isnull=True)
         if slug := params.get("project"):
             tunings = tunings.filter(project=get_project_for_user(request.user, slug))
         if wanted := params.get("status"):
@@ -80,6 +83,20 @@ class TuningJobDetailView(APIView):
     def get(self, request: Request, pk: int) -> Response:
         get_tuning_job_for_user(request.user, pk)
         return Response(detail(pk))
+
+    @destroy_schema(kept=TuningJobSerializer, description="Delete a finished search with its trials, their metrics "
+                    "and stored outputs; a search a registered model came from is archived with its trials (200).")
+    def delete(self, request: Request, pk: int) -> Response:
+        from tuning.deletion import delete_tuning_job
+
+        tuning = get_tuning_job_for_user(request.user, pk, write=True)
+        try:
+            outcome, _ = delete_tuning_job(tuning)
+        except DeletionBlocked as exc:
+            raise blocked_error(exc) from exc
+        if outcome == "archived":
+            return Response(detail(pk))
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class TuningJobStopView(APIView):

@@ -176,7 +176,7 @@ class TuningJobSummarySerializer(serializers.ModelSerializer):
         model = TuningJob
         fields = ["id", "project", "name", "status", "strategy", "objective", "max_trials", "max_parallel",
                   "early_stopping", "best_value", "best_trial", "end_reason", "failure_reason", "trial_counts",
-                  "created_at", "started_at", "finished_at", "elapsed_seconds"]
+                  "created_at", "started_at", "finished_at", "elapsed_seconds", "archived_at"]
 
     @extend_schema_field(TrialCountsSerializer)
     def get_trial_counts(self, tuning: TuningJob) -> dict[str, int]:

@@ -1,0 +1,65 @@
+"""DRF's parsers, refusing a NUL character (U+0000) anywhere in what they parse: no text or
+JSON column on PostgreSQL can hold one, so it is a 400 naming the field instead of a 500
+when the row is written. (The URL is checked by studio.middleware.RejectNulMiddleware.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import QueryDict
+from rest_framework import parsers
+from rest_framework.parsers import DataAndFiles
+
+NUL = "\x00"
+
+
+def nul_field(data: Any, where: str = "") -> str | None:
+    """The dotted name of the first key or string in `data` that holds a NUL, else None
+    ("" for the body itself)."""
+    if isinstance(data, str):
+        return where if NUL in data else None
+    if isinstance(data, QueryDict):  # a form field's values under its own name
+        data = {name: "".join(data.getlist(name)) for name in data}
+    if isinstance(data, dict):
+        for key, value in data.items():
+            name = f"{where}.{key}" if where else str(key)
+            if NUL in str(key):
+                return name.replace(NUL, "\\x00")
+            found = nul_field(value, name)
+            if found is not None:
+                return found
+    elif isinstance(data, (list, tuple)):
+        for index, value in enumerate(data):
+            found = nul_field(value, f"{where}.{index}" if where else str(index))
+            if found is not None:
+                return found
+    return None
+
+
+def reject_nul(data: Any) -> Any:
+    name = nul_field(data)
+    if name is not None:
+        from studio.api import ApiError  # not at import: DRF imports this module while rest_framework.views loads
+
+        label = name or "body"
+        raise ApiError(f"{label}: Contains a NUL character (\\u0000), which is not allowed.",
+                       fields={label: ["Contains a NUL character (\\u0000), which is not allowed."]})
+    return data
+
+
+class JSONParser(parsers.JSONParser):
+    def parse(self, stream, media_type=None, parser_context=None):
+        return reject_nul(super().parse(stream, media_type, parser_context))
+
+
+class FormParser(parsers.FormParser):
+    def parse(self, stream, media_type=None, parser_context=None):
+        return reject_nul(super().parse(stream, media_type, parser_context))
+
+
+class MultiPartParser(parsers.MultiPartParser):
+    def parse(self, stream, media_type=None, parser_context=None):
+        parsed = super().parse(stream, media_type, parser_context)
+        reject_nul(parsed.data)
+        reject_nul({name: [f.name or "" for f in parsed.files.getlist(name)] for name in parsed.files})
+        return DataAndFiles(parsed.data, parsed.files)
