@@ -58,7 +58,6 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "studio.middleware.RejectNulMiddleware",
-    "studio.middleware.RejectNulMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -168,7 +167,6 @@ REST_FRAMEWORK = {
         "studio.authentication.CsrfSessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PARSER_CLASSES": ["studio.parsers.JSONParser", "studio.parsers.FormParser", "studio.parsers.MultiPartParser"],
     "DEFAULT_PARSER_CLASSES": ["studio.parsers.JSONParser", "studio.parsers.FormParser", "studio.parsers.MultiPartParser"],
     "DEFAULT_PAGINATION_CLASS": "studio.api.PagePagination",
     "PAGE_SIZE": 50,
