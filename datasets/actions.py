@@ -3,6 +3,7 @@ these; each runs in one transaction, with validation enqueued on commit."""
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from dataclasses import dataclass
@@ -47,6 +48,32 @@ class VersionOptions:
     text_column: str = ""
     delimiter: str = ""
     split: dict | None = None
+
+    def as_requested(self) -> dict:
+        """The options as given, for DatasetVersion.requested_options ("" = detect)."""
+        return {"format": self.format, "label_column": self.label_column, "text_column": self.text_column,
+                "delimiter": self.delimiter, "split": dict(self.split or {})}
+
+
+OPTION_NAMES = {"format": "format", "label_column": "label column", "text_column": "text column",
+                "delimiter": "delimiter", "split": "split"}
+
+
+def unchanged_reason(version: DatasetVersion) -> str:
+    """Why a registration returned `version` instead of a new one, in words."""
+    requested = version.requested_options or {}
+    shown = []
+    for key, label in OPTION_NAMES.items():
+        value = requested.get(key)
+        if not value:
+            shown.append(f"{label} {'none' if key in ('text_column', 'split') else 'detected'}")
+        elif key == "split":
+            shown.append(f"{label} {json.dumps(value, sort_keys=True)}")
+        else:
+            shown.append(f"{label} " + ("'\\t'" if value == "\t" else repr(value)))
+    return (f"The files and the options are the same as {version.dataset.name} v{version.version} "
+            f"({'; '.join(shown)}), so nothing changed and no new version was made. "
+            "Change the files or an option (label column, delimiter, split, format) to make a new version.")
 
 
 def new_upload_prefix() -> str:
@@ -97,6 +124,7 @@ def _create_version(*, dataset: Dataset, user, kind: str, source_uri: str, root_
         text_column=options.text_column,
         delimiter=options.delimiter,
         split=options.split or {},
+        requested_options=options.as_requested(),
         files=files,
         source_fingerprint=fingerprint,
         content_hash=content_hash,
@@ -107,9 +135,14 @@ def _create_version(*, dataset: Dataset, user, kind: str, source_uri: str, root_
     return version
 
 
-def _same_as_latest(dataset: Dataset, *, content_hash: str = "", fingerprint: str = "") -> DatasetVersion | None:
+def _same_as_latest(dataset: Dataset, options: VersionOptions, *, content_hash: str = "",
+                    fingerprint: str = "") -> DatasetVersion | None:
+    """The latest usable version when it has this content and was registered with these
+    very options; identical files read another way (another label column, delimiter,
+    split or format) are another version. A version from before requested_options was
+    recorded never matches: how it was asked to be read is not known."""
     latest = dataset.versions.exclude(status=VersionStatus.INVALID).order_by("-version").first()
-    if latest is None:
+    if latest is None or not latest.requested_options or latest.requested_options != options.as_requested():
         return None
     if content_hash and latest.content_hash == content_hash:
         return latest
@@ -122,12 +155,13 @@ def register_upload(*, project: Project, name: str, description: str, user, root
                     options: VersionOptions, kind: str = str(SourceKind.UPLOAD),
                     source_uri: str = "upload") -> tuple[DatasetVersion, bool]:
     """Register files already streamed to `root_uri`. Returns (version, created); when the
-    content equals the latest version's, that version is returned and the upload removed.
+    content and the options equal the latest version's, that version is returned and the
+    upload removed (unchanged_reason says why).
     `kind`/`source_uri`: where the files came from (an upload unless said otherwise)."""
     content_hash = combine_content_hash((f.path, f.size, f.sha256) for f in stored)
     with transaction.atomic():
         dataset = _lock_dataset(project, name, description, user)
-        existing = _same_as_latest(dataset, content_hash=content_hash)
+        existing = _same_as_latest(dataset, options, content_hash=content_hash)
         if existing is None:
             files = [{"path": f.path, "uri": f.uri, "size": f.size, "fingerprint": f.sha256, "sha256": f.sha256} for f in stored]
             version = _create_version(dataset=dataset, user=user, kind=kind, source_uri=source_uri, root_uri=root_uri, files=files, options=options, content_hash=content_hash)
@@ -162,7 +196,8 @@ def list_source(source_uri: str) -> list[dict]:
 def register_source(*, project: Project, name: str, description: str, user, source_uri: str,
                     options: VersionOptions) -> tuple[DatasetVersion, bool]:
     """Register an s3:// prefix or a server path (file://) in place. Its listing is
-    fingerprinted: an unchanged source returns the latest version instead of a copy."""
+    fingerprinted: an unchanged source registered with the same options returns the
+    latest version instead of a copy."""
     scheme, _, path = split_uri(source_uri)
     files = list_source(source_uri)
     kind = str(SourceKind.S3 if scheme == "s3" else SourceKind.SERVER_PATH)
@@ -172,7 +207,7 @@ def register_source(*, project: Project, name: str, description: str, user, sour
     fingerprint = combine_fingerprint(source_uri, ((f["path"], f["size"], f["fingerprint"]) for f in files))
     with transaction.atomic():
         dataset = _lock_dataset(project, name, description, user)
-        existing = _same_as_latest(dataset, fingerprint=fingerprint)
+        existing = _same_as_latest(dataset, options, fingerprint=fingerprint)
         if existing is not None:
             return existing, False
         version = _create_version(dataset=dataset, user=user, kind=kind, source_uri=source_uri, root_uri=source_uri,

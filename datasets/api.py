@@ -14,7 +14,12 @@ from rest_framework.response import Response
 from datasets import actions
 from datasets.actions import DatasetError, StoredFile, VersionInUse, VersionOptions
 from datasets.models import CHANNELS, Dataset, DatasetVersion
-from datasets.serializers import DatasetCreateSerializer, DatasetSerializer, DatasetVersionSerializer
+from datasets.serializers import (
+    DatasetCreateSerializer,
+    DatasetRegisteredSerializer,
+    DatasetSerializer,
+    DatasetVersionSerializer,
+)
 from datasets.uploads import ObjectStoreUploadHandler, StreamedUploadedFile, UploadSession
 from studio.access import check_role, get_project_for_user
 from studio.api import ApiError, PaginatedAPIView, paginate
@@ -125,7 +130,7 @@ class DatasetListView(PaginatedAPIView):
         # A hot list: plain values() and one query for every version on the page, instead
         # of nested serializers per row (measured in bench/serving.py).
         return paginate(self, request, datasets, dataset_rows)
-    @extend_schema(request=DatasetCreateSerializer, responses={201: DatasetVersionSerializer, 200: DatasetVersionSerializer})
+    @extend_schema(request=DatasetCreateSerializer, responses={201: DatasetRegisteredSerializer, 200: DatasetRegisteredSerializer})
     def post(self, request: Request) -> Response:
         declared = int(request.META.get("CONTENT_LENGTH") or 0)
         if declared > settings.STUDIO_MAX_UPLOAD_BYTES + MULTIPART_OVERHEAD:
@@ -157,6 +162,9 @@ class DatasetListView(PaginatedAPIView):
             raise ApiError(exc.message, status_code=exc.status, fields={exc.field: [exc.message]}) from exc
         body = DatasetVersionSerializer(version).data
         body["created"] = created
+        body["unchanged"] = not created
+        if not created:
+            body["reason"] = actions.unchanged_reason(version)
         return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 

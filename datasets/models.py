@@ -92,6 +92,11 @@ class DatasetVersion(models.Model):
     text_column = models.CharField(max_length=200, blank=True)
     delimiter = models.CharField(max_length=4, blank=True)
     split = models.JSONField(default=dict, blank=True)
+    # The reading options exactly as registered ("" = detect): {"format", "label_column",
+    # "text_column", "delimiter", "split"}. Validation overwrites format and label_column
+    # with what it found, so a re-registration is compared with these instead: same
+    # content and same options is the same version; any other option is a new one.
+    requested_options = models.JSONField(default=dict, blank=True)
     files = models.JSONField(default=list)
     # Identifies the source's content without reading it (names, sizes, ETags/mtimes): a
     # re-registration of an unchanged source returns the existing version.

@@ -70,7 +70,7 @@ class DatasetVersionSerializer(serializers.ModelSerializer):
         model = DatasetVersion
         fields = [
             "id", "dataset", "project", "name", "version", "status", "progress", "errors", "format", "source_kind",
-            "source_uri", "label_column", "text_column", "delimiter", "split", "num_records", "size_bytes",
+            "source_uri", "label_column", "text_column", "delimiter", "split", "requested_options", "num_records", "size_bytes",
             "content_hash", "schema", "channel_counts", "preview", "files", "created_at", "validated_at",
         ]
 
@@ -79,6 +79,18 @@ class DatasetVersionSerializer(serializers.ModelSerializer):
             {"path": f["path"], "size": f["size"], "channel": f.get("channel", ""), "records": f.get("records")}
             for f in version.files
         ]
+
+
+class DatasetRegisteredSerializer(DatasetVersionSerializer):
+    """The answer to a registration: the new version (201), or the latest one when the
+    files and the options are identical to it (200, unchanged, with the reason)."""
+
+    created = serializers.BooleanField(read_only=True)
+    unchanged = serializers.BooleanField(read_only=True)
+    reason = serializers.CharField(read_only=True, required=False)
+
+    class Meta(DatasetVersionSerializer.Meta):
+        fields = [*DatasetVersionSerializer.Meta.fields, "created", "unchanged", "reason"]
 
 
 class DatasetSerializer(serializers.ModelSerializer):

@@ -24,6 +24,7 @@ from django_htmx.http import HttpResponseClientRefresh
 
 from datasets import actions
 from datasets.api import get_version_for_user
+from datasets.formats.common import LABEL_NAMES
 from datasets.forms import DatasetUploadForm
 from datasets.models import Dataset, DatasetFormat, DatasetVersion, VersionStatus
 from datasets.storage import StorageError, store_for
@@ -144,6 +145,10 @@ def dataset_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "schema_columns": schema.get("columns") or [],
             "label_column": schema.get("label_column") or version.label_column,
             "high_cardinality": schema.get("label_cardinality") == "high",
+            # A table in which validation found no label column: a classifier cannot use it.
+            "no_label": (version.status == VersionStatus.READY and version.format in (DatasetFormat.CSV, DatasetFormat.JSONL)
+                         and not schema.get("label_column")),
+            "label_names": LABEL_NAMES,
             "chart": _class_chart(schema) if version.status == VersionStatus.READY else None,
             "preview_columns": columns,
             "preview_rows": rows,

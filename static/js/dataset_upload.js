@@ -73,6 +73,8 @@
   }
 
   function clearErrors() {
+    var unchanged = document.getElementById("form-unchanged");
+    if (unchanged) unchanged.hidden = true;
     topError.hidden = true;
     topError.textContent = "";
     form.querySelectorAll(".field[data-field]").forEach(function (field) {
@@ -211,8 +213,22 @@
       currentRequest = null;
       if (xhr.status === 200 || xhr.status === 201) {
         var version = JSON.parse(xhr.responseText);
-        setProgress(1, xhr.status === 200 ? "Same content as version " + version.version + "; opening it…" : "Opening version " + version.version + "…");
-        window.location.assign(form.getAttribute("data-version-url-base") + version.id + "/");
+        var versionUrl = form.getAttribute("data-version-url-base") + version.id + "/";
+        if (version.unchanged) {
+          // Nothing was made: say so and why, and stay, so an option can be changed.
+          setBusy(false);
+          progressBox.hidden = true;
+          var note = document.getElementById("form-unchanged");
+          note.textContent = "Nothing changed. " + (version.reason || "") + " ";
+          var open = document.createElement("a");
+          open.href = versionUrl;
+          open.textContent = "Open " + version.name + " v" + version.version;
+          note.appendChild(open);
+          note.hidden = false;
+          return;
+        }
+        setProgress(1, "Opening version " + version.version + "…");
+        window.location.assign(versionUrl);
         return;
       }
       setBusy(false);
