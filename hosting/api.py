@@ -17,8 +17,8 @@ from rest_framework.views import APIView
 from hosting import actions
 from hosting.access import get_batch_for_user, get_endpoint_for_user, get_model_for_user
 from hosting.actions import UNSET, HostingError
-from hosting.invocation import endpoint_for_invocation, invoke
-from hosting.models import BatchPrediction, Endpoint, Model, ModelVersion
+from hosting.invocation import endpoint_for_invocation, flush_invocation_counts, invoke
+from hosting.models import BatchPrediction, BatchStatus, Endpoint, Model, ModelVersion
 from hosting.serving import InvalidInstances
 from studio.access import get_project_for_user
 from studio.api import ApiError, PaginatedAPIView, paginate, project_for_write
@@ -209,6 +209,7 @@ class EndpointListView(PaginatedAPIView):
 class EndpointDetailView(APIView):
     @extend_schema(responses=OBJECT)
     def get(self, request: Request, name: str) -> Response:
+        flush_invocation_counts()  # this process's pending counts, so the figure includes them
         return Response(endpoint_json(get_endpoint_for_user(request.user, name)))
 
     @extend_schema(request=OBJECT, responses=OBJECT)

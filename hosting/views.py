@@ -20,6 +20,7 @@ from django.views.decorators.http import require_http_methods
 from hosting import actions
 from hosting.access import get_endpoint_for_user, get_model_for_user
 from hosting.actions import HostingError
+from hosting.invocation import flush_invocation_counts
 from hosting.models import BatchPrediction, Endpoint, Model, ModelKind, ModelVersion
 from jobs.models import JobStatus, TrainingJob
 from jobs.views import can_write_in, ready_versions
@@ -185,6 +186,7 @@ def example_instances(version: ModelVersion) -> list[Any]:
 
 @page
 def endpoint_detail(request: HttpRequest, name: str) -> HttpResponse:
+    flush_invocation_counts()  # this process's pending counts, so the page's figure includes them
     endpoint = get_endpoint_for_user(request.user, name)
     version = endpoint.model_version
     if version.model.project_id != endpoint.project_id:  # cannot happen through the actions

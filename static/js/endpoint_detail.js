@@ -12,6 +12,7 @@
   var tbody = document.querySelector("#predictions-table tbody");
   var loops = document.getElementById("try-loops");
   var button = document.getElementById("try-submit");
+  var counter = document.getElementById("endpoint-invocations");
 
   function csrfToken() {
     var field = form.elements.csrfmiddlewaretoken;
@@ -30,6 +31,26 @@
     errorBox.hidden = true;
     errorBox.textContent = "";
     textarea.removeAttribute("aria-invalid");
+  }
+
+  // A new error must not sit above the previous request's predictions: they would read
+  // as this request's answer.
+  function clearResult() {
+    result.hidden = true;
+    tbody.textContent = "";
+    loops.textContent = "";
+  }
+
+  // The served count, re-read after every request (the invocation API counts a request
+  // once it is answered; the endpoint API writes this process's pending counts first).
+  function refreshCounter() {
+    if (!counter || !form.dataset.endpointUrl) return;
+    fetch(form.dataset.endpointUrl, { credentials: "same-origin", headers: { Accept: "application/json" } })
+      .then(function (response) { return response.ok ? response.json() : null; })
+      .then(function (body) {
+        if (body && typeof body.invocations === "number") counter.textContent = String(body.invocations);
+      })
+      .catch(function () { /* the count stays as shown; the next request tries again */ });
   }
 
   function cell(row, text, className) {
@@ -82,6 +103,7 @@
     try {
       instances = JSON.parse(textarea.value);
     } catch (error) {
+      clearResult();
       showError("The instances are not valid JSON: " + error.message);
       return;
     }
@@ -101,6 +123,7 @@
       .then(function (answer) {
         if (!answer.ok) {
           var message = answer.body && answer.body.error ? answer.body.error.message : "HTTP " + answer.status;
+          clearResult();
           showError(message);
           statusBox.textContent = "";
           return;
@@ -109,9 +132,13 @@
         statusBox.textContent = "Answered by version " + answer.body.model_version + ".";
       })
       .catch(function (error) {
+        clearResult();
         showError("The request failed: " + error.message);
         statusBox.textContent = "";
       })
-      .finally(function () { button.disabled = false; });
+      .finally(function () {
+        button.disabled = false;
+        refreshCounter();
+      });
   });
 })();
