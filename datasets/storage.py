@@ -280,7 +280,10 @@ class S3Store:
         _, bucket, key = split_uri(uri)
         params = {"Bucket": bucket, "Key": key}
         if filename:
-            params["ResponseContentDisposition"] = f'attachment; filename="{filename}"'
+            from django.utils.http import content_disposition_header
+
+            # Quotes, non-ASCII and control characters in a name are encoded, not pasted in.
+            params["ResponseContentDisposition"] = content_disposition_header(True, filename)
         with self._errors(uri):
             return self.client.generate_presigned_url("get_object", Params=params, ExpiresIn=expires_seconds)
 
@@ -337,10 +340,10 @@ def sha256_stream(stream: IO[bytes]) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
-def download_response(uri: str, filename: str, content_type: str = "application/gzip"):
-    """An object as a download: streamed from a file:// store, or a redirect to a
-    short-lived presigned link for S3 (the bytes then never pass through the web server).
-    Http404 with the store's reason when it cannot be read."""
+def download_response(uri: str, filename: str, content_type: str = "application/gzip", *, size: int | None = None):
+    """An object as a download: streamed from a file:// store in CHUNK-sized reads (never
+    read whole), or a redirect to a short-lived presigned link for S3 (the bytes then never
+    pass through the web server). Http404 with the store's reason when it cannot be read."""
     from django.http import FileResponse, Http404
     from django.shortcuts import redirect
 
@@ -351,5 +354,72 @@ def download_response(uri: str, filename: str, content_type: str = "application/
     except StorageError as exc:
         raise Http404(f"The file could not be read from storage: {exc}") from exc
     response = FileResponse(stream, as_attachment=True, filename=filename, content_type=content_type)
+    response.block_size = CHUNK
+    if size is not None and "Content-Length" not in response:
+        response["Content-Length"] = str(size)
+    response["Cache-Control"] = "private, no-store"
+    return response
+
+
+class _ZipSink:
+    """What zipfile writes into: chunks are collected and handed to the response as they
+    come. It has no tell()/seek(), so zipfile writes data descriptors and never seeks back."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+
+    def write(self, data: bytes) -> int:
+        if data:
+            self.chunks.append(bytes(data))
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def take(self) -> bytes:
+        data = b"".join(self.chunks)
+        self.chunks.clear()
+        return data
+
+
+# Already compressed: stored as they are (deflating them again costs CPU and saves nothing).
+_STORED_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".webp", ".gz", ".zip", ".bz2", ".xz", ".zst", ".parquet")
+
+
+def zip_chunks(entries: list[tuple[str, str]]) -> Iterator[bytes]:
+    """A zip archive of (path inside the archive, object URI) pairs, produced while it is
+    sent: each object is read from its store in CHUNK-sized pieces, so memory stays at a
+    chunk or two whatever the sizes. An object that cannot be read ends the stream with an
+    error (the client sees a truncated archive rather than a silently incomplete one)."""
+    import zipfile
+
+    sink = _ZipSink()
+    with zipfile.ZipFile(sink, mode="w", compression=zipfile.ZIP_DEFLATED, allowZip64=True) as archive:
+        for arcname, uri in entries:
+            method = zipfile.ZIP_STORED if arcname.lower().endswith(_STORED_SUFFIXES) else zipfile.ZIP_DEFLATED
+            info = zipfile.ZipInfo(arcname, date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = method
+            info.external_attr = 0o644 << 16
+            with store_for(uri).open_read(uri) as source, archive.open(info, mode="w", force_zip64=True) as target:
+                while chunk := source.read(CHUNK):
+                    target.write(chunk)
+                    if data := sink.take():
+                        yield data
+            if data := sink.take():
+                yield data
+    if data := sink.take():
+        yield data
+
+
+def zip_response(entries: list[tuple[str, str]], filename: str):
+    """zip_chunks as a streamed attachment."""
+    from django.http import StreamingHttpResponse
+    from django.utils.http import content_disposition_header
+
+    response = StreamingHttpResponse(zip_chunks(entries), content_type="application/zip")
+    response["Content-Disposition"] = content_disposition_header(True, filename)
     response["Cache-Control"] = "private, no-store"
     return response

@@ -8,7 +8,7 @@ from typing import Any
 from django.http import Http404, HttpResponse
 from django.utils.text import slugify
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -91,6 +91,8 @@ def batch_json(batch: BatchPrediction) -> dict[str, Any]:
         "human_loops_started": batch.human_loops_started, "created_at": batch.created_at.isoformat(),
         "started_at": batch.started_at.isoformat() if batch.started_at else None,
         "finished_at": batch.finished_at.isoformat() if batch.finished_at else None,
+        "download_url": (f"/api/v1/batch-predictions/{batch.pk}/download"
+                         if batch.status == BatchStatus.COMPLETED and batch.output_uri else None),
     }
 
 
@@ -305,3 +307,22 @@ class BatchPredictionDetailView(APIView):
     @extend_schema(responses=OBJECT)
     def get(self, request: Request, pk: int) -> Response:
         return Response(batch_json(get_batch_for_user(request.user, pk)))
+
+
+def download_batch_output(batch: BatchPrediction) -> HttpResponse:
+    """predictions.jsonl of a Completed batch, streamed (or a presigned S3 link). The file
+    is written whole when the batch completes, so before that there is nothing to give."""
+    from datasets.storage import download_response
+
+    if batch.status != BatchStatus.COMPLETED or not batch.output_uri:
+        raise ApiError(f"Batch prediction {batch.pk} is {batch.status}: its predictions.jsonl is there once it "
+                       "is Completed.", code="not_ready", status_code=409)
+    return download_response(batch.output_uri, f"batch-{batch.pk}-predictions.jsonl", "application/x-ndjson")
+
+
+class BatchPredictionDownloadView(APIView):
+    @extend_schema(operation_id="batch_predictions_download",
+                   responses={(200, "application/x-ndjson"): OpenApiTypes.BINARY,
+                              302: OpenApiResponse(description="S3: a presigned link to predictions.jsonl")})
+    def get(self, request: Request, pk: int) -> HttpResponse:
+        return download_batch_output(get_batch_for_user(request.user, pk))

@@ -17,4 +17,6 @@ urlpatterns = [
     path("endpoints/<str:name>/invocations", api.InvocationView.as_view(), name="api-endpoint-invocations"),
     path("batch-predictions/", api.BatchPredictionListView.as_view(), name="api-batch-predictions"),
     path("batch-predictions/<int:pk>/", api.BatchPredictionDetailView.as_view(), name="api-batch-prediction"),
+    path("batch-predictions/<int:pk>/download", api.BatchPredictionDownloadView.as_view(),
+         name="api-batch-prediction-download"),
 ]

@@ -251,6 +251,22 @@ class HumanLoopStopView(APIView):
         return Response(loop_detail(loop_queryset().get(pk=loop.pk)))
 
 
+class HumanLoopOutputView(APIView):
+    """The loop's output JSON (A2I's shape), streamed from the object store (or a presigned
+    S3 link); written shortly after the loop completes, so 409 until then."""
+
+    @extend_schema(operation_id="human_loops_output_download",
+                   responses={(200, "application/json"): OpenApiTypes.BINARY})
+    def get(self, request: Request, name: str):
+        from datasets.storage import download_response
+
+        loop = get_loop_for_user(request.user, name)
+        if not loop.output_uri:
+            raise ApiError(f"Human loop {loop.name} is {loop.status}: its output JSON is written once it is Completed.",
+                           code="not_ready", status_code=409)
+        return download_response(loop.output_uri, f"{loop.name}-output.json", "application/json")
+
+
 # --- the reviewer API -----------------------------------------------------------------------
 def _body_object(request: Request) -> dict:
     data = request.data

@@ -15,6 +15,7 @@ urlpatterns = [
     path("human-loops/", api.HumanLoopListView.as_view(), name="api-human-loops"),
     path("human-loops/<str:name>/", api.HumanLoopDetailView.as_view(), name="api-human-loop"),
     path("human-loops/<str:name>/stop/", api.HumanLoopStopView.as_view(), name="api-human-loop-stop"),
+    path("human-loops/<str:name>/output", api.HumanLoopOutputView.as_view(), name="api-human-loop-output"),
     path("review/claim/", api.ClaimView.as_view(), name="api-review-claim"),
     path("review/assignments/<int:pk>/answer/", api.AnswerView.as_view(), name="api-review-answer"),
     path("review/assignments/<int:pk>/release/", api.ReleaseView.as_view(), name="api-review-release"),

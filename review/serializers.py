@@ -5,6 +5,7 @@ review.actions."""
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 from rest_framework import serializers
 
@@ -155,6 +156,7 @@ def loop_json(loop: HumanLoop, *, answers: list[Assignment] | None = None) -> di
         "answers_needed": loop.answers_needed, "answers_count": loop.answers_count,
         "holds_count": loop.holds_count, "open_slots": loop.open_slots, "escalations": loop.escalations,
         "consolidated_label": loop.consolidated_label, "agreement": loop.agreement, "output_uri": loop.output_uri,
+        "output_url": f"/api/v1/human-loops/{quote(loop.name, safe='')}/output" if loop.output_uri else None,
         "created_at": iso(loop.created_at), "expires_at": iso(loop.expires_at),
         "completed_at": iso(loop.completed_at),
     }

@@ -188,7 +188,7 @@ def loop_rows(flow: FlowDefinition) -> tuple[list[LoopRow], int]:
     loops = list(flow.human_loops.order_by("-created_at", "-id")
                  .only("id", "name", "status", "prediction", "confidence", "answers_count", "answers_needed",
                        "consolidated_label", "agreement", "created_at", "completed_at", "activation_reason",
-                       "flow_definition_id")[:LOOPS_SHOWN])
+                       "flow_definition_id", "output_uri")[:LOOPS_SHOWN])
     answers: dict[int, list[str]] = {}
     for loop_id, answer in (Assignment.objects.filter(loop__in=loops, status=AssignmentStatus.ANSWERED)
                             .order_by("answered_at", "id").values_list("loop_id", "answer")):

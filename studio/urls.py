@@ -18,6 +18,7 @@ api_v1 = [
     path("datasets/<int:pk>/", datasets_api.DatasetDetailView.as_view(), name="api-dataset"),
     path("dataset-versions/", datasets_api.DatasetVersionListView.as_view(), name="api-dataset-versions"),
     path("dataset-versions/<int:pk>/", datasets_api.DatasetVersionDetailView.as_view(), name="api-dataset-version"),
+    path("", include("datasets.file_urls")),
     path("algorithms/", jobs_api.AlgorithmListView.as_view(), name="api-algorithms"),
     path("scripts/", jobs_api.ScriptUploadView.as_view(), name="api-scripts"),
     path("jobs/", jobs_api.JobListView.as_view(), name="api-jobs"),
