@@ -302,6 +302,15 @@ class NodeRun:
             transition(self.job_id, JobStatus.TRAINING, from_statuses=[JobStatus.STARTING],
                        message=f"{spec.processes * spec.nnodes} process(es) on {spec.nnodes} node(s)",
                        training_started_at=timezone.now())
+        if self.job.keep_alive_seconds and not SHUTDOWN.is_set():
+            # This node stays warm after the job: its fork server imports torch now, while
+            # the job runs, so the pool's next job forks at once even when it comes the
+            # moment this one ends (started at the end, it would wait seconds for the
+            # import). Already there when this job itself started warm. This thread is the
+            # worker's main one, as the server needs (PR_SET_PDEATHSIG, jobs.runner.warm).
+            from jobs.runner import warm
+
+            warm.ensure_server()
 
     def _launch_warm(self, spec: LaunchSpec, env: dict[str, str]):
         """Fork the job's processes from the pool's fork server; None (a cold launch
