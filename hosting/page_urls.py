@@ -14,4 +14,5 @@ urlpatterns = [
     path("<int:pk>/endpoints/new/", views.endpoint_create, name="endpoint-create"),
     path("<int:pk>/batch/", views.batch_create, name="batch-create"),
     path("endpoints/<str:name>/", views.endpoint_detail, name="endpoint-detail"),
+    path("endpoints/<str:name>/settings/", views.endpoint_update, name="endpoint-update"),
 ]

@@ -23,7 +23,7 @@ from hosting.actions import HostingError
 from hosting.invocation import flush_invocation_counts
 from hosting.models import BatchPrediction, Endpoint, Model, ModelKind, ModelVersion
 from jobs.models import JobStatus, TrainingJob
-from jobs.views import can_write_in, ready_versions
+from jobs.views import can_write_in, key_metric, ready_versions
 from studio.access import Forbidden
 from studio.models import Project
 from studio.views import page, project_roles, readable_projects
@@ -37,9 +37,15 @@ def writable_projects(request: HttpRequest) -> list[Project]:
 
 
 def completed_jobs(projects: list[Project]) -> list[TrainingJob]:
-    return list(TrainingJob.objects.filter(project__in=projects, status=JobStatus.COMPLETED).exclude(model_uri="")
-                .select_related("project").only("id", "name", "algorithm", "finished_at", "project__slug")
+    """The register form's choices, each with `key_metric` (name, value) or None: people
+    pick the job by how good it was, not by its number."""
+    jobs = list(TrainingJob.objects.filter(project__in=projects, status=JobStatus.COMPLETED).exclude(model_uri="")
+                .select_related("project").only("id", "name", "algorithm", "finished_at", "final_metrics",
+                                                "project__slug")
                 .order_by("-finished_at", "-id")[:REGISTER_CHOICES])
+    for job in jobs:
+        job.key_metric = key_metric(job)  # type: ignore[attr-defined]
+    return jobs
 
 
 def _models_context(request: HttpRequest) -> dict[str, Any]:
@@ -184,17 +190,60 @@ def example_instances(version: ModelVersion) -> list[Any]:
     return [{"prompt": "The old train", "max_new_tokens": 80, "temperature": 0.8}]
 
 
+def _endpoint_context(request: HttpRequest, endpoint: Endpoint) -> dict[str, Any]:
+    from review.models import FlowDefinition
+
+    version = endpoint.model_version
+    if version.model.project_id != endpoint.project_id:  # cannot happen through the actions
+        raise Http404("Not found.")
+    can_write = can_write_in(request, endpoint.project_id)
+    return {
+        "endpoint": endpoint, "version": version, "model": version.model,
+        "example": json.dumps(example_instances(version), indent=2),
+        "invoke_url": reverse("api-endpoint-invocations", args=[endpoint.name]),
+        "versions": list(version.model.versions.order_by("-version").only("id", "version", "created_at", "metrics",
+                                                                           "job_id", "model_id")),
+        "can_write": can_write,
+        "flows": list(FlowDefinition.objects.filter(project=endpoint.project).order_by("name")) if can_write else [],
+    }
+
+
 @page
 def endpoint_detail(request: HttpRequest, name: str) -> HttpResponse:
     flush_invocation_counts()  # this process's pending counts, so the page's figure includes them
     endpoint = get_endpoint_for_user(request.user, name)
-    version = endpoint.model_version
-    if version.model.project_id != endpoint.project_id:  # cannot happen through the actions
-        raise Http404("Not found.")
-    return render(request, "hosting/endpoint_detail.html", {
-        "endpoint": endpoint, "version": version, "model": version.model,
-        "example": json.dumps(example_instances(version), indent=2),
-        "invoke_url": reverse("api-endpoint-invocations", args=[endpoint.name]),
-        "versions": list(version.model.versions.order_by("-version").only("id", "version", "created_at")),
-        "can_write": can_write_in(request, endpoint.project_id),
-    })
+    return render(request, "hosting/endpoint_detail.html", _endpoint_context(request, endpoint))
+
+
+@page
+@require_http_methods(["POST"])
+def endpoint_update(request: HttpRequest, name: str) -> HttpResponse:
+    """The settings form on an endpoint's page: the served version and the review flow,
+    through the same action as PATCH /api/v1/endpoints/<name>/ (one UPDATE of the row;
+    requests in flight finish on the version they read)."""
+    endpoint = get_endpoint_for_user(request.user, name)
+    if not can_write_in(request, endpoint.project_id):
+        raise Forbidden("Changing an endpoint needs the scientist or admin role in this project.")
+    errors: dict[str, str] = {}
+    before = (endpoint.model_version.version, endpoint.flow_definition.name if endpoint.flow_definition else None)
+    try:
+        version = actions.resolve_model_version(endpoint.project, endpoint.model_version.model,
+                                                request.POST.get("model_version"))
+        actions.update_endpoint(endpoint, model_version=version,
+                                flow_definition=request.POST.get("flow_definition") or None)
+    except HostingError as exc:
+        errors[exc.field] = exc.message
+    else:
+        endpoint = get_endpoint_for_user(request.user, name)
+        after = (endpoint.model_version.version, endpoint.flow_definition.name if endpoint.flow_definition else None)
+        changes = []
+        if after[0] != before[0]:
+            changes.append(f"now serves version {after[0]} (was {before[0]})")
+        if after[1] != before[1]:
+            changes.append(f"sends to the review flow {after[1]}" if after[1] else "sends nothing to review")
+        messages.success(request, f"Endpoint {endpoint.name} {' and '.join(changes)}." if changes
+                         else f"Endpoint {endpoint.name} is unchanged.")
+        return redirect("endpoint-detail", name=endpoint.name)
+    context = _endpoint_context(request, get_endpoint_for_user(request.user, name))
+    context.update(settings_errors=errors, settings_values=request.POST)
+    return render(request, "hosting/endpoint_detail.html", context, status=400)

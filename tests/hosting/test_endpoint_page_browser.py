@@ -6,12 +6,14 @@ changed on the page through the same action as PATCH /api/v1/endpoints/<name>/ (
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from hosting import actions
-from hosting.models import Endpoint
+from hosting.models import Endpoint, Model
 from tests.e2e import test_dataset_upload as dataset_pages
+from tests.hosting.conftest import make_flow
 from tests.hosting.test_try_it_browser import sign_in
 
 browser_page = dataset_pages.browser_page
@@ -60,3 +62,44 @@ def test_try_it_clears_the_old_answer_on_error_and_counts_each_invocation(transa
     expect(counter).to_have_text("3")
     assert Endpoint.objects.get(name="biomes-count").invocations == 3
     assert page.console_errors == [] or all("400" in error for error in page.console_errors)
+
+
+def test_switch_the_version_attach_and_detach_a_flow_and_register_from_the_job_page(transactional_db, live_server,
+                                                                                    owner, demo_job, browser_page):
+    from playwright.sync_api import expect
+
+    first = actions.register_model(project=demo_job.project, name="biomes", job=demo_job, user=owner)
+    second = actions.register_model(project=demo_job.project, name="biomes", job=demo_job, user=owner)
+    actions.create_endpoint(project=demo_job.project, name="biomes-switch", model_version=second, user=owner)
+    flow = make_flow(demo_job.project, owner, confidence_below=1.01, sample_percent=0)  # every prediction
+    page = browser_page
+    sign_in(page, live_server.url)
+    page.goto(f"{live_server.url}/models/endpoints/biomes-switch/")
+    expect(page.locator(".lede")).to_contain_text("v2 (tabular)")
+
+    page.select_option("#settings-version", "1")
+    page.select_option("#settings-flow", str(flow.pk))
+    page.click("#settings-save")
+    expect(page.locator(".lede")).to_contain_text("v1 (tabular)")
+    expect(page.locator(".lede")).to_contain_text("check-uncertain")
+    endpoint = Endpoint.objects.get(name="biomes-switch")
+    assert (endpoint.model_version_id, endpoint.flow_definition_id) == (first.pk, flow.pk)
+    # The page's try-it now runs on what it serves: version 1, and a human loop starts.
+    page.click("#try-submit")
+    expect(page.locator("#try-status")).to_have_text("Answered by version 1.")
+    expect(page.locator("#try-loops")).to_contain_text("1 human loop started")
+
+    page.select_option("#settings-flow", "")
+    page.click("#settings-save")
+    expect(page.locator(".lede")).not_to_contain_text("check-uncertain")
+    assert Endpoint.objects.get(name="biomes-switch").flow_definition_id is None
+    page.screenshot(path=str(dataset_pages.SCREENSHOTS / "trainyard-endpoint-settings.png"), full_page=True)
+
+    page.goto(f"{live_server.url}/jobs/{demo_job.pk}/")
+    page.click("#register-model")
+    page.wait_for_url(re.compile(r".*/models/\d+/$"))
+    model = Model.objects.get(name="demo-tabular")  # named after the job
+    assert page.url == f"{live_server.url}/models/{model.pk}/"
+    expect(page.locator("#versions-table tbody tr")).to_have_count(1)
+    expect(page.locator("body")).to_contain_text("Registered demo-tabular version 1.")
+    assert page.console_errors == []
