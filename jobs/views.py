@@ -329,7 +329,7 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "finished": job.is_finished(),
         "duration": duration_text(run_seconds(job)),
         "final_metrics": sorted((job.final_metrics or {}).items(), key=lambda item: metric_sort_key(item[0])),
-        "hyperparameters": [(name, shown_value(value)) for name, value in sorted((job.hyperparameters or {}).items())],
+        "hyperparameters": sorted((job.hyperparameters or {}).items()),  # shown with |sig
         "environment": sorted((job.environment or {}).items()),
         "ranks": list(range(min(world_size, MAX_RANK_OPTIONS))) if world_size > 1 else [],
         "attempts": attempts,
@@ -456,7 +456,7 @@ def differing_rows(dicts: list[dict]) -> list[CompareRow]:
         values = [d.get(name, missing) for d in dicts]
         seen = {json.dumps(v, sort_keys=True, default=str) if v is not missing else "\x00missing" for v in values}
         if len(seen) > 1:
-            rows.append(CompareRow(name, [shown_value(None if v is missing else v) for v in values]))
+            rows.append(CompareRow(name, [None if v is missing else v for v in values]))  # shown with |sig
     return rows
 
 
@@ -482,7 +482,7 @@ def job_compare(request: HttpRequest) -> HttpResponse:
         "jobs": jobs,
         "hyperparameter_rows": hyperparameter_rows,
         "same_count": len({k for job in jobs for k in (job.hyperparameters or {})}) - len(hyperparameter_rows),
-        "final_rows": [CompareRow(name, [shown_value((job.final_metrics or {}).get(name), digits=6) for job in jobs])
+        "final_rows": [CompareRow(name, [(job.final_metrics or {}).get(name) for job in jobs])
                        for name in final_names],
         "setup_rows": differing_rows([_setup(job) for job in jobs]),
         "chart": {

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 COMPLETED = "Completed"
 MIN_TRIALS_FOR_IMPORTANCE = 2
+STEADY_IMPORTANCE_TRIALS = 10  # fewer completed trials: the page says the importances are a rough hint
 STUDY_PREFIX = "trainyard-page-importances-"
 TRIAL_FIELDS = ("id", "name", "status", "stop_reason", "trial_number", "trial_params", "objective_value",
                 "intermediate_values", "started_at", "finished_at", "tuning_job_id")

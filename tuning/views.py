@@ -190,7 +190,7 @@ class TrialRow:
     status: str  # "Pruned" for an early-stopped trial
     objective: float | None
     reported: float | None  # the last intermediate value, for a trial without a final objective
-    params: list[tuple[str, Any, bool]]  # (shown, sort value, numeric) in the ranges' order
+    params: list[tuple[Any, Any, bool]]  # (value, sort value, numeric) in the ranges' order; shown with |sig
     duration: str
     seconds: float
 
@@ -213,7 +213,7 @@ def trial_rows(trials: list[TrainingJob], ranges: dict[str, Any], now: datetime)
             status=analysis.shown_status(trial),
             objective=objective,
             reported=analysis.last_reported(trial.intermediate_values) if objective is None else None,
-            params=[(shown_value(params.get(name)), _sort_value(params.get(name, "")), numeric[name]) for name in ranges],
+            params=[(params.get(name), _sort_value(params.get(name, "")), numeric[name]) for name in ranges],
             duration=duration_text(seconds),
             seconds=seconds or 0,
         ))
@@ -283,13 +283,18 @@ def tuning_detail(request: HttpRequest, pk: int) -> HttpResponse:
     best = job.best_trial
     base = job.base_job or {}
     data = analysis.chart_data(job, trials)
+    completed_count = len(analysis._completed(trials))
     return render(request, "tuning/detail.html", {
+        "completed_count": completed_count,
+        # Below this many completed trials the importances swing from one trial to the next.
+        "importance_caveat": bool(data["importances"]) and completed_count < analysis.STEADY_IMPORTANCE_TRIALS,
+        "importance_trials_min": analysis.STEADY_IMPORTANCE_TRIALS,
         "job": job,
         "rows": rows,
         "ranges": [(name, spec.get("type", ""), range_text(spec)) if isinstance(spec, dict) else (name, "", "")
                    for name, spec in ranges.items()],
         "best": best,
-        "best_params": [(name, shown_value((best.trial_params or {}).get(name))) for name in names] if best else [],
+        "best_params": [(name, (best.trial_params or {}).get(name)) for name in names] if best else [],
         "can_write": can_write,
         "can_stop": can_write and job.status == TuningStatus.IN_PROGRESS,
         "finished": finished,
@@ -305,7 +310,7 @@ def tuning_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "base": {
             "runs": base.get("algorithm") or (base.get("script") or {}).get("entry_point") or "script",
             "is_script": not base.get("algorithm"),
-            "hyperparameters": [(k, shown_value(v)) for k, v in sorted((base.get("hyperparameters") or {}).items())],
+            "hyperparameters": sorted((base.get("hyperparameters") or {}).items()),
             "inputs": base_inputs(job),
             "instance_type": (base.get("resources") or {}).get("instance_type", "cpu"),
             "max_runtime_seconds": (base.get("stopping") or {}).get("max_runtime_seconds"),

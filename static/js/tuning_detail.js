@@ -23,7 +23,7 @@
   }
 
   function shown(value) {
-    if (typeof value === "number") return Number.isInteger(value) ? String(value) : String(Number(value.toPrecision(5)));
+    if (typeof value === "number") return Number.isInteger(value) ? String(value) : String(Number(value.toPrecision(4)));
     if (value === null || value === undefined) return "—";
     return typeof value === "object" ? JSON.stringify(value) : String(value);
   }
@@ -160,9 +160,39 @@
     }), CONFIG);
   }
 
+  // Parallel coordinates are WebGL: the first draw costs about a second where the GPU is
+  // software (1.15 s in headless chromium here), which held the page's load 1.6-3.2 s.
+  // So it is drawn after the page has loaded and only once it nears the viewport; a live
+  // update while it is away is drawn when it comes near.
+  var parcoords = { charts: null, near: false, loaded: document.readyState === "complete", pending: false };
+
+  function drawParcoordsSoon(charts) {
+    if (charts) parcoords.charts = charts;
+    if (!parcoords.charts || !parcoords.near || !parcoords.loaded || parcoords.pending) return;
+    parcoords.pending = true;
+    window.requestAnimationFrame(function () {
+      window.setTimeout(function () {
+        parcoords.pending = false;
+        var latest = parcoords.charts;
+        parcoords.charts = null;
+        if (latest) drawParcoords(latest);
+      }, 0);
+    });
+  }
+
+  function watchParcoords() {
+    var div = document.getElementById("parcoords-chart");
+    if (!("IntersectionObserver" in window)) parcoords.near = true;
+    else new IntersectionObserver(function (entries) {
+      parcoords.near = entries.some(function (entry) { return entry.isIntersecting; });
+      drawParcoordsSoon();
+    }, { rootMargin: "600px 0px" }).observe(div.parentNode);
+    if (!parcoords.loaded) window.addEventListener("load", function () { parcoords.loaded = true; drawParcoordsSoon(); });
+  }
+
   function draw(charts) {
     drawObjective(charts);
-    drawParcoords(charts);
+    drawParcoordsSoon(charts);
     drawImportances(charts);
     document.getElementById("objective-chart").setAttribute("data-drawn", "");
   }
@@ -294,6 +324,7 @@
 
   function start() {
     if (!window.Plotly) return;
+    watchParcoords();
     draw(live.charts);
     if (!live.finished) timer = window.setInterval(poll, (live.poll_seconds || 4) * 1000);
   }

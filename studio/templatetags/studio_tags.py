@@ -5,12 +5,15 @@ so a colour means the same thing on every page (SPEC §7)."""
 
 from __future__ import annotations
 
+import json
+import math
+import re
 from datetime import datetime
 
 from django import template
 from django.utils import timezone
-from django.utils.html import format_html
-from django.utils.safestring import SafeString
+from django.utils.html import escape, format_html
+from django.utils.safestring import SafeString, mark_safe
 
 register = template.Library()
 
@@ -138,3 +141,47 @@ def percent(fraction: float | None) -> str:
     if fraction is None:
         return "0%"
     return f"{max(0.0, min(1.0, float(fraction))) * 100:.0f}%"
+
+
+SIGNIFICANT_DIGITS = 4
+
+
+def _plain(value: object) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+@register.filter
+def sig(value: object, digits: int = SIGNIFICANT_DIGITS) -> SafeString | str:
+    """`{{ trial.learning_rate|sig }}` → 0.0003162 with the exact 0.00031622776601683794 on
+    hover. A float is shown to `digits` significant digits; when that rounds it, the value
+    as stored is in the title (and in data-exact, for a copy). Integers, booleans (as JSON
+    writes them), text and JSON values are shown as they are; "—" for none.
+
+    Every page that shows a hyperparameter, an objective or a metric uses it, so a number
+    reads the same everywhere (issue 13: trials showed 17 digits)."""
+    if value is None or value == "":
+        return "—"
+    if isinstance(value, float) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            return str(value)
+        exact = repr(value)
+        shown = f"{value:.{int(digits)}g}"
+        if float(shown) == value:
+            return exact
+        return format_html('<span class="num-exact" title="{}" data-exact="{}">{}</span>', exact, exact, shown)
+    return _plain(value)
+
+
+_BREAK_AFTER = re.compile(r"([_./-]+)")
+
+
+@register.filter
+def breakable(name: object) -> SafeString:
+    """`{{ name|breakable }}`: "gradient_accumulation_steps" may wrap after an underscore
+    (or . - /) but never mid-word, in a narrow side panel (CSS keeps names whole)."""
+    parts = _BREAK_AFTER.split(str(name))
+    return mark_safe("".join(escape(part) + ("<wbr>" if index % 2 else "") for index, part in enumerate(parts)))  # noqa: S308 - every part is escaped
