@@ -71,7 +71,7 @@ class DatasetVersionSerializer(serializers.ModelSerializer):
         fields = [
             "id", "dataset", "project", "name", "version", "status", "progress", "errors", "format", "source_kind",
             "source_uri", "label_column", "text_column", "delimiter", "split", "requested_options", "num_records", "size_bytes",
-            "content_hash", "schema", "channel_counts", "preview", "files", "created_at", "validated_at",
+            "content_hash", "schema", "channel_counts", "preview", "files", "created_at", "validated_at", "provenance",
         ]
 
     def get_files(self, version: DatasetVersion) -> list[dict]:

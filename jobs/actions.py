@@ -29,6 +29,12 @@ class JobError(Exception):
         self.fields = fields
 
 
+def tags_for_clone(tags: list) -> list[str]:
+    """A clone's tags: the source's, less `tuning:<id>` (a clone is no trial of that
+    tuning job, and the tag is how its trials are listed)."""
+    return [str(tag) for tag in tags if not str(tag).startswith("tuning:")]
+
+
 @dataclass(frozen=True)
 class ResolvedInput:
     channel: str

@@ -10,6 +10,7 @@ from typing import Any
 
 from django import forms
 
+from jobs.actions import tags_for_clone
 from jobs.models import TrainingJob
 from jobs.serializers import AVAILABLE_DISTRIBUTIONS, MAX_RUNTIME_LIMIT, PIPELINE_SCHEDULES
 from studio.models import Project
@@ -101,7 +102,7 @@ def clone_initial(job: TrainingJob, writable_slugs: list[str]) -> dict[str, Any]
         "max_runtime_seconds": job.max_runtime_seconds,
         "checkpoint_every_steps": checkpoint.get("every_steps") or None,
         "checkpoint_uri": checkpoint.get("uri", ""),
-        "tags": ", ".join(str(tag) for tag in job.tags or []),
+        "tags": ", ".join(tags_for_clone(job.tags or [])),
         "environment": "\n".join(f"{key}={value}" for key, value in sorted((job.environment or {}).items())),
         "retries": job.retries,
         "keep_alive_seconds": job.keep_alive_seconds,

@@ -143,10 +143,13 @@ class JobSerializer(serializers.ModelSerializer):
     timeline = serializers.SerializerMethodField()
     script = serializers.SerializerMethodField()
     created_by = serializers.CharField(source="created_by.username", default=None)
+    # {"count", "source": "channel"|"held_out", "few": count < 30} or null (jobs.validation_size).
+    validation_records = serializers.SerializerMethodField()
 
     class Meta:
         model = TrainingJob
         fields = [
+            "validation_records",
             "id", "project", "name", "status", "failure_reason", "stop_reason", "waiting_reason", "algorithm", "script",
             "hyperparameters", "inputs", "resources", "distribution", "pipeline", "priority", "stopping", "checkpoint",
             "keep_alive_seconds", "retries", "metric_definitions", "environment", "tags", "attempt", "output_uri",
@@ -167,6 +170,11 @@ class JobSerializer(serializers.ModelSerializer):
 
     def get_script(self, job: TrainingJob) -> dict | None:
         return {"uri": job.script_uri, "entry_point": job.entry_point} if job.script_uri else None
+
+    def get_validation_records(self, job: TrainingJob) -> dict | None:
+        from jobs.validation_size import validation_records
+
+        return dict(validation_records(job) or {}) or None
 
 
 class JobSummarySerializer(serializers.ModelSerializer):

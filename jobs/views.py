@@ -33,6 +33,7 @@ from jobs.models import Distribution, JobAttempt, JobEvent, JobInput, JobStatus,
 from jobs.reports import fsdp_report, partition_report
 from jobs.runner.launch import describe_exit
 from jobs.serializers import STOPPABLE
+from jobs.validation_size import validation_records
 from studio.models import Project
 from studio.views import current_project, page, project_roles, readable_projects
 
@@ -329,6 +330,7 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "finished": job.is_finished(),
         "duration": duration_text(run_seconds(job)),
         "final_metrics": sorted((job.final_metrics or {}).items(), key=lambda item: metric_sort_key(item[0])),
+        "validation_records": validation_records(job),
         "hyperparameters": sorted((job.hyperparameters or {}).items()),  # shown with |sig
         "environment": sorted((job.environment or {}).items()),
         "ranks": list(range(min(world_size, MAX_RANK_OPTIONS))) if world_size > 1 else [],

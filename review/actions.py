@@ -742,10 +742,19 @@ def write_output_safely(loop_id: int, loop: HumanLoop | None = None) -> str | No
 
 
 # --- export and retrain ---------------------------------------------------------------------
-def export_flow(flow: FlowDefinition, user, dataset_name: str | None = None):
+def export_flow(flow: FlowDefinition, user, dataset_name: str | None = None, mode: str | None = None):
+    """mode "merged" (the default when the loops came from a model's job): the next version
+    of that job's training dataset with the reviewed records merged in; "reviewed_only":
+    a dataset of the reviewed records alone (review.export)."""
     from review.export import export_flow as run_export
 
-    return run_export(flow, user, dataset_name)
+    return run_export(flow, user, dataset_name, mode)
+
+
+def preview_export(flow: FlowDefinition, mode: str | None = None, dataset_name: str | None = None) -> dict:
+    from review.export import preview_export as run_preview
+
+    return run_preview(flow, mode, dataset_name)
 
 
 def retrain_from_export(version, user):

@@ -161,10 +161,29 @@ class FlowDefinitionExportView(APIView):
         serializer = ExportSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         try:
-            version = actions.export_flow(flow, request.user, serializer.validated_data["dataset"])
+            version = actions.export_flow(flow, request.user, serializer.validated_data["dataset"],
+                                          serializer.validated_data.get("mode"))
         except ReviewError as exc:
             raise api_error(exc) from exc
         return Response(DatasetVersionSerializer(version).data, status=status.HTTP_201_CREATED)
+
+
+class FlowDefinitionExportPreviewView(APIView):
+    """What an export would make (the flow page's confirm dialog): nothing is written."""
+
+    @extend_schema(parameters=[OpenApiParameter("mode", str, enum=["merged", "reviewed_only"]),
+                               OpenApiParameter("dataset", str)],
+                   responses={200: OpenApiTypes.OBJECT})
+    def get(self, request: Request, pk: int) -> Response:
+        flow = get_flow_for_user(request.user, pk, write=True)
+        serializer = ExportSerializer(data={k: v for k, v in request.query_params.items() if k in ("mode", "dataset")})
+        serializer.is_valid(raise_exception=True)
+        try:
+            body = actions.preview_export(flow, serializer.validated_data.get("mode"),
+                                          serializer.validated_data["dataset"])
+        except ReviewError as exc:
+            raise api_error(exc) from exc
+        return Response(body)
 
 
 class RetrainView(APIView):

@@ -12,6 +12,8 @@ urlpatterns = [
     path("flow-definitions/", api.FlowDefinitionListView.as_view(), name="api-flow-definitions"),
     path("flow-definitions/<int:pk>/", api.FlowDefinitionDetailView.as_view(), name="api-flow-definition"),
     path("flow-definitions/<int:pk>/export/", api.FlowDefinitionExportView.as_view(), name="api-flow-definition-export"),
+    path("flow-definitions/<int:pk>/export/preview/", api.FlowDefinitionExportPreviewView.as_view(),
+         name="api-flow-definition-export-preview"),
     path("human-loops/", api.HumanLoopListView.as_view(), name="api-human-loops"),
     path("human-loops/<str:name>/", api.HumanLoopDetailView.as_view(), name="api-human-loop"),
     path("human-loops/<str:name>/stop/", api.HumanLoopStopView.as_view(), name="api-human-loop-stop"),

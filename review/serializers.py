@@ -118,7 +118,13 @@ class AnswerSerializer(serializers.Serializer):
 
 
 class ExportSerializer(serializers.Serializer):
-    dataset = serializers.CharField(max_length=200, required=False, allow_blank=True, allow_null=True, default=None)
+    dataset = serializers.CharField(max_length=200, required=False, allow_blank=True, allow_null=True, default=None,
+                                    help_text="reviewed_only: the dataset to add a version to (default <flow>-reviewed). "
+                                              "merged: the training dataset, so leave it empty.")
+    mode = serializers.ChoiceField(choices=["merged", "reviewed_only"], required=False, allow_null=True, default=None,
+                                   help_text="merged (the default when the loops came from a registered model's job): "
+                                             "the next version of that job's training dataset, the reviewed records "
+                                             "merged in; reviewed_only: the reviewed records alone.")
 
     def validate_dataset(self, value: str | None) -> str | None:
         return clean_name(value) if value else None

@@ -27,7 +27,7 @@ from jobs.views import can_write_in, duration_text
 from review import actions
 from review.actions import ReviewError
 from review.api_stats import get_flow_for_reader
-from review.export import source_uri_of
+from review.export import page_source, retrain_confirm_text, source_uri_of
 from review.forms import FLOW_FIELD_FOR, FlowForm, WorkTeamForm
 from review.markdown import render_instructions
 from review.models import (
@@ -235,6 +235,10 @@ def flow_detail(request: HttpRequest, pk: int) -> HttpResponse:
     exportable = (flow.human_loops.filter(status=LoopStatus.COMPLETED)
                   .exclude(consolidated_label__in=["", NO_CONSENSUS]).count())
     highlight = request.GET.get("exported", "")
+    exports = exported_versions(flow)
+    export_source = page_source(flow) if can_write and exportable and flow.task_type == TaskType.CLASSIFICATION else None
+    for version in exports:
+        version.retrain_confirm = retrain_confirm_text(version) if can_write else ""
     return render(request, "review/flow_detail.html", {
         "flow": flow,
         "rows": rows,
@@ -248,7 +252,9 @@ def flow_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "can_write": can_write,
         "can_export": can_write and flow.task_type == TaskType.CLASSIFICATION,
         "exportable": exportable,
-        "exports": exported_versions(flow),
+        "exports": exports,
+        "export_source": export_source,
+        "export_base": export_source.base if export_source else None,
         "highlight": int(highlight) if highlight.isdigit() else None,
         "chart_data_url": reverse("review-flow-data", args=[flow.pk]),
     })
@@ -269,13 +275,16 @@ def flow_export(request: HttpRequest, pk: int) -> HttpResponse:
     flow = get_flow_for_reader(request.user, pk)
     check_role(request.user, flow.project, write=True)
     name = request.POST.get("dataset", "").strip() or None
+    mode = request.POST.get("mode", "").strip() or None
     try:
-        version = actions.export_flow(flow, request.user, name)
+        version = actions.export_flow(flow, request.user, name, mode)
     except ReviewError as exc:
         messages.error(request, f"Export failed: {exc.message}")
         return redirect("review-flow", pk=flow.pk)
-    messages.success(request, f"Exported to {version.dataset.name} v{version.version}; it is validated like any "
-                              "upload, then ready to train on.")
+    holds = (version.provenance or {}).get("summary") if isinstance(version.provenance, dict) else None
+    messages.success(request, f"Exported to {version.dataset.name} v{version.version}"
+                              f"{f' ({holds})' if holds else ''}; it is validated like any upload, then ready to "
+                              "train on.")
     return redirect(reverse("review-flow", args=[flow.pk]) + f"?exported={version.pk}#exports")
 
 

@@ -93,3 +93,59 @@
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
   else start();
 })();
+
+// The export form (issue 13): before an export, ask the server what the new version will
+// hold ("8,000 rows of demo-tabular v1 + 6 reviewed, 2 relabelled") and confirm that; a
+// merge that cannot be done shows its reason beside the button instead.
+(function () {
+  "use strict";
+
+  var form = document.getElementById("export-form");
+  if (!form || !form.querySelector('input[name="mode"]')) return;
+  var url = form.getAttribute("data-preview-url");
+  var error = document.getElementById("export-error");
+  var button = document.getElementById("export-button");
+  var busy = false;
+
+  function fail(message) {
+    error.textContent = message;
+    error.hidden = false;
+  }
+
+  function firstMessage(body) {
+    var err = body && body.error;
+    if (!err) return "";
+    var fields = err.fields || {};
+    var names = Object.keys(fields);
+    if (names.length && fields[names[0]] && fields[names[0]].length) return String(fields[names[0]][0]);
+    return String(err.message || "");
+  }
+
+  form.addEventListener("submit", function (event) {
+    event.preventDefault();
+    if (busy) return;
+    var chosen = form.querySelector('input[name="mode"]:checked');
+    busy = true;
+    button.disabled = true;
+    error.hidden = true;
+    fetch(url + "?mode=" + encodeURIComponent(chosen ? chosen.value : ""),
+          { credentials: "same-origin", headers: { Accept: "application/json" } })
+      .then(function (response) {
+        return response.json().then(function (body) { return { ok: response.ok, body: body }; });
+      })
+      .then(function (result) {
+        busy = false;
+        button.disabled = false;
+        if (!result.ok) {
+          fail(firstMessage(result.body) || "The export cannot be made.");
+          return;
+        }
+        if (window.confirm(result.body.confirm)) form.submit();
+      })
+      .catch(function () {
+        busy = false;
+        button.disabled = false;
+        fail("Could not ask the server what the export holds; try again.");
+      });
+  });
+})();

@@ -160,7 +160,8 @@ def source_job(project, owner, tmp_path):
     return job, version
 
 
-def test_retrain_clones_the_source_job_onto_the_reviewed_version(make_flow, reviewer, owner, source_job, client_for):
+def test_retrain_clones_the_source_job_onto_the_reviewed_only_version(make_flow, reviewer, owner, source_job,
+                                                                      client_for):
     job, model_version = source_job
     flow = make_flow()
     rng = random.Random(1)
@@ -168,8 +169,8 @@ def test_retrain_clones_the_source_job_onto_the_reviewed_version(make_flow, revi
                                                                  "probabilities": {}}) for _ in range(6)]
     actions.start_loops_for_predictions(flow, items, source={"endpoint": "animals"}, model_version=model_version,
                                         rng=random.Random(2))
-    review_all(flow, [reviewer], lambda loop: "dog")
-    exported = ready(actions.export_flow(flow, owner))
+    review_all(flow, [reviewer], lambda loop: "dog" if loop.input_content["row"]["f1"] < 0.5 else "bird")
+    exported = ready(actions.export_flow(flow, owner, mode="reviewed_only"))
     header = read_file(exported, "reviewed.csv").decode().splitlines()[0]
     assert header == "f1,f2,biome"  # the label column the model was trained with
     response = client_for(owner).post(f"/api/v1/dataset-versions/{exported.pk}/retrain/")
@@ -180,6 +181,33 @@ def test_retrain_clones_the_source_job_onto_the_reviewed_version(make_flow, revi
     assert clone.pk != job.pk and clone.algorithm == job.algorithm and clone.status == "Pending"
     assert {i.channel: i.dataset_version_id for i in clone.inputs.all()} == {"train": exported.pk}
     assert clone.hyperparameters["label_column"] == "biome"
+
+
+def test_the_default_export_and_retrain_train_on_the_training_rows_plus_the_reviewed_ones(
+        make_flow, reviewer, owner, source_job, client_for):
+    """Issue 13: not the 6 reviewed rows alone (a holdout of 1 row, validation_accuracy 1),
+    but animals v1's 30 rows + 6 reviewed, as animals v2; a reviewed training row is relabelled."""
+    job, model_version = source_job
+    train = job.inputs.get(channel="train").dataset_version
+    first = next(csv.DictReader(io.StringIO(read_file(train, "train.csv").decode())))
+    flow = make_flow()
+    rng = random.Random(1)
+    rows = [{"f1": float(first["f1"]), "f2": float(first["f2"])}] + [
+        {"f1": rng.random() + 5, "f2": rng.random()} for _ in range(5)]
+    actions.start_loops_for_predictions(flow, [({"row": row}, {"label": "cat", "confidence": 0.3}) for row in rows],
+                                        source={"endpoint": "animals"}, model_version=model_version,
+                                        rng=random.Random(2))
+    review_all(flow, [reviewer], lambda loop: "dog")
+    exported = ready(actions.export_flow(flow, owner))
+    assert (exported.dataset_id, exported.version, exported.num_records) == (train.dataset_id, 2, 35)
+    merged = list(csv.DictReader(io.StringIO(read_file(exported, "train.csv").decode())))
+    assert merged[0] == {**first, "biome": "dog"} and first["biome"] == "cat"  # relabelled in place
+    assert exported.provenance["summary"] == "30 rows of animals v1 + 6 reviewed, 1 relabelled"
+    response = client_for(owner).post(f"/api/v1/dataset-versions/{exported.pk}/retrain/")
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["inputs"]["train"]["dataset_version"] == exported.pk
+    assert body["validation_records"]["count"] == 4 >= 3  # 10 % of 35 rows; the source job held out 3 of 30
 
 
 def test_retrain_needs_a_reviewed_version_with_a_source_job(make_flow, reviewer, owner, client_for, source_job):
