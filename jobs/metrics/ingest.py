@@ -64,6 +64,10 @@ CLAIM_IDLE_MS = 60_000  # pending this long, the consumer that read it is presum
 STREAM_RETENTION_MS = 15 * 60 * 1000
 FINISHED_STREAM_TTL_SECONDS = 24 * 3600
 DRAIN_SECONDS = 10.0
+# The longest one read waits before the set of active jobs is looked at again: a job that
+# just started (its first points are what a person watches for, and what a warm start is
+# timed by) waits no longer than this to be noticed, whatever `block_ms` allows.
+NEW_JOB_WAIT_MS = 100
 
 
 def job_keys(job_id: int) -> tuple[str, str]:
@@ -134,14 +138,14 @@ class Flusher:
         jobs = self._active_jobs(now)
         if not jobs:
             if block_ms > 0:
-                time.sleep(block_ms / 1000)
+                time.sleep(min(block_ms, NEW_JOB_WAIT_MS) / 1000)
             self.last_entries = 0
             return Batch(), jobs
         self._ensure_groups(jobs)
         if now - self._last_claim >= CLAIM_SECONDS:
             self._last_claim = now
             self.claim_stale(jobs)
-        batch = self._parse(self._read(jobs, block_ms))
+        batch = self._parse(self._read(jobs, min(block_ms, NEW_JOB_WAIT_MS)))
         self.last_entries = batch.entry_count()
         return batch, jobs
 
