@@ -16,7 +16,7 @@ def delete_objects_task(pending_id: int) -> int:
 
 # Beat sends this every 60 s: it finishes deletions whose worker died or whose message was lost.
 @shared_task(name="studio.tasks.sweep_pending_deletions_task", ignore_result=True, expires=50)
-def sweep_pending_deletions_task() -> list[int]:
-    from studio.deletion import sweep_pending_deletions
+def sweep_pending_deletions_task(stale_after_seconds: int | None = None) -> list[int]:
+    from studio.deletion import STALE_AFTER_SECONDS, sweep_pending_deletions
 
-    return sweep_pending_deletions()
+    return sweep_pending_deletions(STALE_AFTER_SECONDS if stale_after_seconds is None else stale_after_seconds)
