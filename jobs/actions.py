@@ -78,7 +78,7 @@ def resolve_inputs(project: Project, raw: dict) -> list[ResolvedInput]:
 
 def check_algorithm(name: str, hyperparameters: dict, inputs: list[ResolvedInput]) -> dict:
     from jobs.algorithms import ALGORITHMS, get_algorithm
-    from jobs.algorithms.base import validate_hyperparameters
+    from jobs.algorithms.base import DataFacts, data_problem, validate_hyperparameters
 
     spec = get_algorithm(name)
     if spec is None:
@@ -89,8 +89,20 @@ def check_algorithm(name: str, hyperparameters: dict, inputs: list[ResolvedInput
     if inferred_label and spec.hyperparameter("label_column") is not None and not hyperparameters.get("label_column"):
         # The label the dataset's validation found is what the user means unless they say otherwise.
         hyperparameters = {**hyperparameters, "label_column": inferred_label}
+    if train is not None and train.text_column and spec.hyperparameter("text_column") is not None \
+            and not hyperparameters.get("text_column"):
+        hyperparameters = {**hyperparameters, "text_column": train.text_column}  # as given at upload
     clean, errors = validate_hyperparameters(spec, hyperparameters)
     fields = {f"hyperparameters.{k}": v for k, v in errors.items()}
+    # Each channel the algorithm reads must hold data it can use (format, labels, columns):
+    # refused here, naming the channel, rather than failing seconds after the job starts.
+    read = (*spec.required_channels, *spec.optional_channels)
+    checkable = not {"label_column", "text_column"} & set(errors)
+    for item in inputs:
+        problem = data_problem(spec, item.channel, DataFacts.of(item.version), clean, item.mode) \
+            if checkable and item.channel in read else None
+        if problem:
+            fields[f"inputs.{item.channel}"] = problem
     missing = [c for c in spec.required_channels if c not in channels]
     if missing:
         fields["inputs"] = f"{name} needs the channel{'s' if len(missing) > 1 else ''} {', '.join(missing)}."

@@ -155,6 +155,112 @@ def _parse_boolean(raw: Any, expected: str) -> bool:
     raise ValueError(expected)
 
 
+# --- what data an algorithm accepts ------------------------------------------------------
+LABEL_NAMES = ("label", "target", "class", "y", "category")  # as datasets/formats infers them
+FORMAT_NAMES = {"csv": "CSV", "jsonl": "JSON Lines", "image_folder": "image folders", "text": "plain text"}
+TABLE_FILES = (".csv", ".tsv", ".jsonl", ".ndjson")  # = common.TABLE_EXTENSIONS
+IMAGE_FILES = (".png", ".jpg", ".jpeg")  # = image.IMAGE_EXTENSIONS
+TEXT_FILES = (".txt",)
+
+
+@dataclass(frozen=True)
+class Accepts:
+    """The data a built-in algorithm can train on, beside AlgorithmSpec.formats. Checked
+    against every channel's dataset version when a job is submitted (jobs.actions) and
+    mirrored by the job form (static/js/job_form.js, from AlgorithmSpec.as_json)."""
+
+    label: bool = False  # needs labels: a label column (tables) or class folders (images), ≥ 2 classes in train
+    features: bool = False  # needs at least one column besides the label
+    text_column: str = ""  # the hyperparameter naming a column that must exist (text-classifier: text_column)
+    extensions: tuple[str, ...] = ()  # the file extensions it reads from a channel folder (file mode)
+
+    def as_json(self) -> dict:
+        return {"label": self.label, "features": self.features, "text_column": self.text_column,
+                "extensions": list(self.extensions)}
+
+
+@dataclass(frozen=True)
+class DataFacts:
+    """What a dataset version offers, from its validation: plain data (tests build it by
+    hand; DataFacts.of reads a DatasetVersion without importing Django)."""
+
+    name: str  # "iris v2", for messages
+    format: str
+    columns: tuple[str, ...] = ()
+    label_column: str = ""  # the label column validation found ("" = none)
+    classes: tuple[str, ...] | None = None  # the label's values (None = not listed: too many)
+    extensions: tuple[str, ...] = ()  # of its files, lower case, e.g. (".csv",)
+
+    @classmethod
+    def of(cls, version: Any, files: list[dict] | None = None) -> DataFacts:
+        """`files`: the version's file list when it was not loaded with it (None: read it)."""
+        schema = version.schema or {}
+        label = schema.get("label_column") or ""
+        classes = schema.get("classes") or {}
+        listed = None if schema.get("label_cardinality") == "high" or not label else tuple(sorted(classes))
+        extensions = sorted({_extension(str(f.get("path", ""))) for f in (version.files if files is None else files) or []}
+                            - {""})
+        return cls(name=f"{version.dataset.name} v{version.version}", format=version.format or "",
+                   columns=tuple(str(c.get("name")) for c in schema.get("columns") or []), label_column=label,
+                   classes=listed, extensions=tuple(extensions))
+
+    def as_json(self) -> dict:
+        return {"name": self.name, "format": self.format, "columns": list(self.columns), "label_column": self.label_column,
+                "classes": None if self.classes is None else len(self.classes),
+                "only_class": self.classes[0] if self.classes is not None and len(self.classes) == 1 else None,
+                "extensions": list(self.extensions)}
+
+
+def _extension(path: str) -> str:
+    name = path.rsplit("/", 1)[-1].lower()
+    dot = name.rfind(".")
+    return name[dot:] if dot > 0 else ""
+
+
+def _listed(names: Any, limit: int = 8) -> str:
+    names = list(names)
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def data_problem(spec: AlgorithmSpec, channel: str, facts: DataFacts, hyperparameters: dict[str, Any],
+                 mode: str = "file") -> str | None:
+    """Why `spec` cannot train on `facts` bound to `channel`, or None when it can.
+    `hyperparameters`: the job's clean values (the label column validation found already
+    filled in for train, as jobs.actions.check_algorithm does). Keep the wording in step
+    with dataProblem in static/js/job_form.js."""
+    accepts = spec.accepts
+    if facts.format not in spec.formats:
+        wanted = " or ".join(FORMAT_NAMES.get(f, f) for f in spec.formats)
+        return (f"{facts.name} is {FORMAT_NAMES.get(facts.format, facts.format or 'of unknown format')}; "
+                f"{spec.name} reads {wanted}.")
+    if accepts.extensions and (mode == "file" or facts.format == "image_folder") and facts.extensions \
+            and not set(facts.extensions) & set(accepts.extensions):
+        return (f"{facts.name} has only {_listed(facts.extensions)} files; {spec.name} reads "
+                f"{_listed(accepts.extensions)} files.")
+    tabular = facts.format in ("csv", "jsonl")
+    label = str(hyperparameters.get("label_column") or "") if tabular else facts.label_column
+    if accepts.label and tabular:
+        if not label:
+            return (f"{facts.name} has no label column: none of its columns ({_listed(facts.columns)}) is named "
+                    f"{', '.join(LABEL_NAMES)} and none was given at upload. Set hyperparameters.label_column, or "
+                    "upload it again with the label column.")
+        if label not in facts.columns:
+            return f"{facts.name} has no column {label!r} (label_column); its columns are {_listed(facts.columns)}."
+    if accepts.text_column and tabular:
+        text = str(hyperparameters.get(accepts.text_column) or "")
+        if text not in facts.columns:
+            return (f"{facts.name} has no column {text!r} ({accepts.text_column}); its columns are "
+                    f"{_listed(facts.columns)}. Set hyperparameters.{accepts.text_column}.")
+    if accepts.features and tabular and not [column for column in facts.columns if column != label]:
+        return f"{facts.name} has no feature columns besides the label {label!r}."
+    if accepts.label and channel == "train" and label and label == facts.label_column and facts.classes is not None \
+            and len(facts.classes) < 2:
+        found = f"only {facts.classes[0]!r}" if facts.classes else "no labels"
+        return f"{facts.name} has {found} in {label!r}: a classifier needs at least two classes."
+    return None
+
+
 @dataclass(frozen=True)
 class AlgorithmSpec:
     name: str
@@ -168,6 +274,7 @@ class AlgorithmSpec:
     required_channels: tuple[str, ...] = ("train",)
     optional_channels: tuple[str, ...] = ("validation", "test")
     distributions: tuple[str, ...] = ("none", "ddp")
+    accepts: Accepts = Accepts()  # beside formats: labels, columns, file extensions (see data_problem)
     # Rules between fields (embedding_dim divisible by heads): clean values → {field: message}.
     check: Callable[[dict[str, Any]], dict[str, str]] | None = field(default=None, repr=False, compare=False)
     # Pipeline parallel: how many layers (cuttable units) the model has for these clean
@@ -195,6 +302,7 @@ class AlgorithmSpec:
             "title": self.title,
             "description": self.description,
             "formats": list(self.formats),
+            "accepts": self.accepts.as_json(),
             "channels": {"required": list(self.required_channels), "optional": list(self.optional_channels)},
             "distributions": list(self.distributions),
             "hyperparameters": [hp.as_json() for hp in self.hyperparameters],

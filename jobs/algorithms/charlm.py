@@ -17,6 +17,8 @@ import numpy as np
 
 from jobs.algorithms.base import (
     COMMON_HYPERPARAMETERS,
+    TEXT_FILES,
+    Accepts,
     AlgorithmSpec,
     DataError,
     Hyperparameter,
@@ -52,6 +54,7 @@ SPEC = AlgorithmSpec(
                 "reports loss and perplexity, and generates text from a prompt.",
     module="jobs.algorithms.charlm",
     formats=("text",),
+    accepts=Accepts(extensions=TEXT_FILES),
     hyperparameters=(
         *training_hyperparameters(epochs=2, batch_size=32, learning_rate=0.003, weight_decay=0.01, dropout=0.1),
         Hyperparameter("context_length", "integer", 64, min=4, max=4096, description="Characters the model sees at once."),

@@ -17,6 +17,8 @@ import numpy as np
 
 from jobs.algorithms.base import (
     COMMON_HYPERPARAMETERS,
+    IMAGE_FILES,
+    Accepts,
     AlgorithmSpec,
     DataError,
     Hyperparameter,
@@ -41,6 +43,7 @@ SPEC = AlgorithmSpec(
                 "(cat/001.png, dog/002.png).",
     module="jobs.algorithms.image",
     formats=("image_folder",),
+    accepts=Accepts(label=True, extensions=IMAGE_FILES),
     hyperparameters=(
         *training_hyperparameters(epochs=12, batch_size=32, learning_rate=0.003, weight_decay=0.0001, dropout=0.1),
         Hyperparameter("image_size", "integer", 32, min=8, max=512,

@@ -15,6 +15,8 @@ import numpy as np
 
 from jobs.algorithms.base import (
     COMMON_HYPERPARAMETERS,
+    TABLE_FILES,
+    Accepts,
     AlgorithmSpec,
     DataError,
     Hyperparameter,
@@ -39,6 +41,7 @@ SPEC = AlgorithmSpec(
                 "text columns one-hot encoded, and one column is the class to predict.",
     module="jobs.algorithms.tabular",
     formats=("csv", "jsonl"),
+    accepts=Accepts(label=True, features=True, extensions=TABLE_FILES),
     hyperparameters=(
         *training_hyperparameters(epochs=10, batch_size=64, learning_rate=0.003, weight_decay=0.0001, dropout=0.1),
         Hyperparameter("hidden_units", "integer", 64, min=1, max=8192, description="Width of each hidden layer."),

@@ -15,6 +15,8 @@ import numpy as np
 
 from jobs.algorithms.base import (
     COMMON_HYPERPARAMETERS,
+    TABLE_FILES,
+    Accepts,
     AlgorithmSpec,
     DataError,
     Hyperparameter,
@@ -38,6 +40,7 @@ SPEC = AlgorithmSpec(
                 "(an averaged embedding and a linear layer, like fastText).",
     module="jobs.algorithms.text",
     formats=("csv", "jsonl"),
+    accepts=Accepts(label=True, text_column="text_column", extensions=TABLE_FILES),
     hyperparameters=(
         *training_hyperparameters(epochs=10, batch_size=32, learning_rate=0.005, weight_decay=0.0, dropout=0.1),
         Hyperparameter("text_column", "string", "text", description="Column holding the text."),

@@ -76,7 +76,10 @@
       input.value = value === null || value === undefined ? "" : String(value);
     }
     input.setAttribute("data-hp", hp.name);
-    input.addEventListener("input", function () { typed[hp.name] = input.value; });
+    input.addEventListener("input", function () {
+      typed[hp.name] = input.value;
+      if (hp.name === "label_column" || hp.name === "text_column") markVersions();  // they decide which data fits
+    });
     input.addEventListener("change", function () { typed[hp.name] = input.value; });
     return input;
   }
@@ -157,6 +160,130 @@
     return data.versions.filter(function (v) { return v.project === slug; });
   }
 
+  // --- which data an algorithm can use ---------------------------------------------------
+  // Mirrors data_problem in jobs/algorithms/base.py (same checks, same words), so the form
+  // marks a version the API would refuse for this channel: {message, short} or null.
+  var FORMAT_NAMES = { csv: "CSV", jsonl: "JSON Lines", image_folder: "image folders", text: "plain text" };
+  var LABEL_NAMES = ["label", "target", "class", "y", "category"];
+
+  function listed(names) {
+    var shown = names.slice(0, 8).join(", ");
+    return names.length > 8 ? shown + " and " + (names.length - 8) + " more" : shown;
+  }
+
+  function pyRepr(text) { return text.indexOf("'") >= 0 && text.indexOf('"') < 0 ? '"' + text + '"' : "'" + text.replace(/'/g, "\\'") + "'"; }
+
+  function dataProblem(current, channel, facts, hps, channelMode) {
+    var accepts = current.accepts || {};
+    if (current.formats.indexOf(facts.format) < 0) {
+      var wanted = current.formats.map(function (f) { return FORMAT_NAMES[f] || f; }).join(" or ");
+      return { short: "it is " + (FORMAT_NAMES[facts.format] || facts.format || "of unknown format") + "; needs " + wanted,
+               message: facts.name + " is " + (FORMAT_NAMES[facts.format] || facts.format || "of unknown format") + "; " +
+                        current.name + " reads " + wanted + "." };
+    }
+    var extensions = accepts.extensions || [];
+    if (extensions.length && (channelMode === "file" || facts.format === "image_folder") && facts.extensions.length &&
+        !facts.extensions.some(function (e) { return extensions.indexOf(e) >= 0; })) {
+      return { short: "only " + listed(facts.extensions) + " files",
+               message: facts.name + " has only " + listed(facts.extensions) + " files; " + current.name + " reads " +
+                        listed(extensions) + " files." };
+    }
+    var tabular = facts.format === "csv" || facts.format === "jsonl";
+    var label = tabular ? String(hps.label_column || "") : facts.label_column;
+    if (accepts.label && tabular) {
+      if (!label) {
+        return { short: "no label column",
+                 message: facts.name + " has no label column: none of its columns (" + listed(facts.columns) + ") is named " +
+                          LABEL_NAMES.join(", ") + " and none was given at upload. Set hyperparameters.label_column, or " +
+                          "upload it again with the label column." };
+      }
+      if (facts.columns.indexOf(label) < 0) {
+        return { short: "no column " + pyRepr(label),
+                 message: facts.name + " has no column " + pyRepr(label) + " (label_column); its columns are " + listed(facts.columns) + "." };
+      }
+    }
+    if (accepts.text_column && tabular) {
+      var text = String(hps[accepts.text_column] || "");
+      if (facts.columns.indexOf(text) < 0) {
+        return { short: "no text column " + pyRepr(text),
+                 message: facts.name + " has no column " + pyRepr(text) + " (" + accepts.text_column + "); its columns are " +
+                          listed(facts.columns) + ". Set hyperparameters." + accepts.text_column + "." };
+      }
+    }
+    if (accepts.features && tabular && !facts.columns.some(function (c) { return c !== label; })) {
+      return { short: "no feature columns", message: facts.name + " has no feature columns besides the label " + pyRepr(label) + "." };
+    }
+    if (accepts.label && channel === "train" && label && label === facts.label_column && facts.classes !== null && facts.classes < 2) {
+      var found = facts.classes ? "only " + pyRepr(String(facts.only_class)) : "no labels";
+      return { short: "one class only", message: facts.name + " has " + found + " in " + pyRepr(label) + ": a classifier needs at least two classes." };
+    }
+    return null;
+  }
+
+  function versionById(id) {
+    return data.versions.filter(function (v) { return String(v.id) === String(id); })[0] || null;
+  }
+
+  // The values submit would check with: what the form sends (typed, cloned or default),
+  // with an empty label_column filled in from the train version's validation and an
+  // untyped text_column from the text column given at its upload, as
+  // jobs.actions.check_algorithm does. `own`: the version being judged, for train.
+  function hyperparametersFor(current, channel, own) {
+    var values = {};
+    current.hyperparameters.forEach(function (hp) {
+      var input = el("hp-" + hp.name);
+      values[hp.name] = input ? input.value : hp.default;
+    });
+    var trainSelect = channelBox.querySelector('.channel-row[data-channel="train"] .channel-version');
+    var train = channel === "train" ? own : (trainSelect && versionById(trainSelect.value)) || own;
+    if ("label_column" in values && values.label_column === "") values.label_column = train.facts.label_column;
+    if ("text_column" in values && !("text_column" in typed) && train.text_column) values.text_column = train.text_column;
+    return values;
+  }
+
+  function problemFor(v, channel, channelMode) {
+    var current = spec();
+    if (!current) return null;  // a script reads whatever it likes
+    var read = channelsOf(current);
+    if (read.required.indexOf(channel) < 0 && read.optional.indexOf(channel) < 0) return null;
+    return dataProblem(current, channel, v.facts, hyperparametersFor(current, channel, v), channelMode);
+  }
+
+  // An untyped text_column follows the train version's text column (given at upload), so
+  // what the form sends is what the check above assumed.
+  function followTextColumn() {
+    var input = el("hp-text_column");
+    var trainSelect = channelBox.querySelector('.channel-row[data-channel="train"] .channel-version');
+    var train = trainSelect && versionById(trainSelect.value);
+    if (input && !("text_column" in typed) && train && train.text_column) input.value = train.text_column;
+  }
+
+  // Disable (and say why) every version the chosen algorithm cannot use in that channel.
+  function markVersions() {
+    followTextColumn();
+    channelBox.querySelectorAll(".channel-row").forEach(function (row) {
+      var select = row.querySelector(".channel-version");
+      var channel = channelName(row);
+      var channelMode = row.querySelector(".channel-mode").value;
+      var chosenProblem = null;
+      Array.prototype.forEach.call(select.options, function (option) {
+        var v = versionById(option.value);
+        if (!v) return;
+        var problem = problemFor(v, channel, channelMode);
+        option.disabled = Boolean(problem);
+        option.textContent = option.getAttribute("data-label") + (problem ? " — unusable: " + problem.short : "");
+        if (problem) { option.title = problem.message; option.setAttribute("data-unusable", problem.message); }
+        else { option.removeAttribute("title"); option.removeAttribute("data-unusable"); }
+        if (problem && option.selected) chosenProblem = problem;
+      });
+      var note = row.querySelector(".channel-unusable");
+      note.hidden = !chosenProblem;
+      note.textContent = chosenProblem ? chosenProblem.message : "";
+    });
+  }
+
+  function usable(v, channel) { return !problemFor(v, channel, "file"); }
+
   function versionSelect(id, chosen, required) {
     var select = make("select", { id: id, className: "channel-version" });
     select.appendChild(make("option", { value: "" }, required ? "Choose a dataset version" : "None"));
@@ -164,10 +291,12 @@
     versionsOfProject().forEach(function (v) {
       if (!groups[v.dataset]) { groups[v.dataset] = make("optgroup", { label: v.dataset }); select.appendChild(groups[v.dataset]); }
       var records = v.records === null ? "" : " · " + Number(v.records).toLocaleString() + " records";
-      var option = make("option", { value: String(v.id) }, v.dataset + " v" + v.version + records);
+      var option = make("option", { value: String(v.id), "data-label": v.dataset + " v" + v.version + records },
+                        v.dataset + " v" + v.version + records);
       if (String(v.id) === String(chosen)) option.selected = true;
       groups[v.dataset].appendChild(option);
     });
+    select.addEventListener("change", markVersions);
     return select;
   }
 
@@ -198,13 +327,16 @@
     row.appendChild(head);
     var controls = make("div", { className: "channel-controls" });
     controls.appendChild(versionSelect("channel-" + index, chosen ? chosen.dataset_version : "", kind === "required"));
-    controls.appendChild(modeSelect("channel-mode-" + index, chosen ? chosen.mode : "file"));
+    var modes = modeSelect("channel-mode-" + index, chosen ? chosen.mode : "file");
+    modes.addEventListener("change", markVersions);
+    controls.appendChild(modes);
     if (kind === "custom") {
       var remove = make("button", { type: "button", className: "button button--small button--ghost", "aria-label": "Remove channel" }, "Remove");
       remove.addEventListener("click", function () { row.remove(); });
       controls.appendChild(remove);
     }
     row.appendChild(controls);
+    row.appendChild(make("p", { className: "help channel-unusable", hidden: "" }));
     errorSlot(row);
     channelBox.appendChild(row);
   }
@@ -228,9 +360,11 @@
     channelBox.textContent = "";
     var versions = versionsOfProject();
     el("no-versions").hidden = versions.length > 0;
-    // With one dataset in the project, a required channel defaults to its newest version.
-    var datasets = versions.map(function (v) { return v.dataset_id; }).filter(function (d, i, all) { return all.indexOf(d) === i; });
-    var fallback = datasets.length === 1 ? { dataset_version: versions[0].id, mode: "file" } : null;
+    // With one dataset in the project (that this algorithm can train on), a required
+    // channel defaults to its newest usable version.
+    var fitting = mode() === "script" ? versions : versions.filter(function (v) { return usable(v, "train"); });
+    var datasets = fitting.map(function (v) { return v.dataset_id; }).filter(function (d, i, all) { return all.indexOf(d) === i; });
+    var fallback = datasets.length === 1 ? { dataset_version: fitting[0].id, mode: "file" } : null;
     if (mode() === "script") {
       var names = Object.keys(previous);
       if (!names.length) names = ["train"];
@@ -241,6 +375,7 @@
       channels.optional.forEach(function (name) { channelRow(name, "optional", previous[name]); });
     }
     el("add-channel").hidden = mode() !== "script";
+    markVersions();
   }
 
   function collectInputs(errors) {

@@ -24,6 +24,17 @@ def ready_version(project, owner, tmp_path):
 
 
 @pytest.fixture
+def text_version(project, owner, tmp_path):
+    """Plain text: what char-lm reads (a table is refused at submit)."""
+    path = tmp_path / "train.txt"
+    path.write_text("".join(f"The quick brown fox {i} jumps over the lazy dog.\n" for i in range(50)))
+    version, _ = register_local_files(project=project, name="prose", description="", user=owner, files={"train.txt": path},
+                                      options=VersionOptions())
+    assert run_validation(version.pk) == "ready"
+    return version
+
+
+@pytest.fixture
 def validating_version(project, owner, tmp_path):
     path = tmp_path / "other.csv"
     path.write_text("a,label\n1,x\n")
@@ -119,10 +130,10 @@ def test_bad_submissions_are_field_errors(owner, client_for, ready_version, over
         ({"stages": 2, "microbatches": 64}, {}, "pipeline.microbatches", "do not fit a batch of 32"),
     ],
 )
-def test_bad_pipelines_for_char_lm_are_field_errors(owner, client_for, ready_version, pipeline, resources, field,
+def test_bad_pipelines_for_char_lm_are_field_errors(owner, client_for, text_version, pipeline, resources, field,
                                                     text):
     Node.objects.create(name="n1", hostname="h", queue="node.n1", cpus=8)
-    body = job_body(ready_version.pk, algorithm="char-lm", hyperparameters={"layers": 2}, distribution="pipeline",
+    body = job_body(text_version.pk, algorithm="char-lm", hyperparameters={"layers": 2}, distribution="pipeline",
                     pipeline=pipeline, resources=resources)
     response = submit(client_for(owner), body)
     assert response.status_code == 400, response.content
@@ -132,9 +143,9 @@ def test_bad_pipelines_for_char_lm_are_field_errors(owner, client_for, ready_ver
     assert not TrainingJob.objects.exists()
 
 
-def test_a_pipeline_job_gets_one_process_per_stage(owner, client_for, ready_version):
+def test_a_pipeline_job_gets_one_process_per_stage(owner, client_for, text_version):
     Node.objects.create(name="n1", hostname="h", queue="node.n1", cpus=8)
-    body = job_body(ready_version.pk, algorithm="char-lm", hyperparameters={"layers": 2}, distribution="pipeline",
+    body = job_body(text_version.pk, algorithm="char-lm", hyperparameters={"layers": 2}, distribution="pipeline",
                     pipeline={"stages": 2, "schedule": "1f1b", "partition": [1, 3]}, priority=5)
     response = submit(client_for(owner), body)
     assert response.status_code == 201, response.content
