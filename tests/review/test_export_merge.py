@@ -393,3 +393,9 @@ def test_the_job_page_warns_when_validation_has_fewer_than_30_records(project, o
     assert 'id="validation-size-warning"' in page
     assert "Validation is measured on only 5 records (held out of the training data" in page
     assert 'id="validation-size-warning"' not in client.get(f"/jobs/{big.pk}/").content.decode()
+
+
+def test_the_clone_form_does_not_carry_a_tuning_tag(animals, owner):
+    job, *_ = animals
+    form = signed_in(owner).get(f"/jobs/new/?clone={job.pk}").context["form"]
+    assert form.initial["tags"] == "baseline"
