@@ -297,10 +297,11 @@ def delete_version(version: DatasetVersion) -> None:
     with transaction.atomic():
         dataset = Dataset.objects.select_for_update().get(pk=version.dataset_id)
         version = DatasetVersion.objects.select_for_update().get(pk=version.pk)
+        label = f"dataset version {dataset}:v{version.version}"
         owned_root = _delete_version_locked(version, dataset)
         if not dataset.versions.exists():
             dataset.delete()
-        record_objects(f"dataset version {version}", [owned_root] if owned_root else [])
+        record_objects(label, [owned_root] if owned_root else [])
 
 
 def delete_dataset(dataset: Dataset) -> None:

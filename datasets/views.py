@@ -214,9 +214,10 @@ def version_delete(request: HttpRequest, pk: int) -> HttpResponse:
     try:
         actions.delete_version(version)
     except actions.VersionInUse as exc:
-        first = exc.uses[0]
-        named = format_html_join(", ", '{} <a href="{}">{}</a>', ((u.kind, u.url, u.name) for u in exc.uses))
-        what = "job" if first.kind == "training job" else first.kind
+        kinds = list(dict.fromkeys(u.kind for u in exc.uses))
+        named = format_html_join(" and ", "a {} ({})", ((kind, format_html_join(", ", '<a href="{}">{}</a>', (
+            (u.url, u.name) for u in exc.uses if u.kind == kind))) for kind in kinds))
+        what = "job" if kinds[0] == "training job" else kinds[0]
         messages.error(request, format_html("{} is used by {}, so it cannot be deleted. Delete that {} first, "
                                             "or keep this version.", label, named, what))
         return redirect(f"{reverse('dataset-detail', args=[dataset.pk])}?version={version.version}")
