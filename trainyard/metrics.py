@@ -144,6 +144,9 @@ class MetricsLogger:
             except ImportError as exc:
                 _warn(f"redis-py is not installed ({exc}); metrics cannot be sent")
             thread = threading.Thread(target=self._run, name="trainyard-metrics", daemon=True)
+            # The first point goes out at once, not after a flush interval: it is what a
+            # person watching a job that just started waits for (later ones are batched).
+            self._wake.set()
             thread.start()
             self._started = True
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import shutil
 import subprocess
 import threading
@@ -297,7 +298,7 @@ class NodeRun:
         self.syncer.start()
         how = f"warm from pool {self.job.warm_pool} (forked)" if forked is not None else "cold"
         self.capture.note(f"launched {spec.processes} process(es) on node {self.claim.node.name}, {how}: "
-                          f"{' '.join(command)}")
+                          f"{shlex.join(command)}")
         if self.is_leader:
             transition(self.job_id, JobStatus.TRAINING, from_statuses=[JobStatus.STARTING],
                        message=f"{spec.processes * spec.nnodes} process(es) on {spec.nnodes} node(s)",
