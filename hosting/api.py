@@ -314,6 +314,9 @@ def download_batch_output(batch: BatchPrediction) -> HttpResponse:
     is written whole when the batch completes, so before that there is nothing to give."""
     from datasets.storage import download_response
 
+    if batch.status == BatchStatus.FAILED:
+        raise ApiError(f"Batch prediction {batch.pk} failed, so it wrote no predictions.jsonl: "
+                       f"{batch.failure_reason or 'see its failure_reason'}", code="not_ready", status_code=409)
     if batch.status != BatchStatus.COMPLETED or not batch.output_uri:
         raise ApiError(f"Batch prediction {batch.pk} is {batch.status}: its predictions.jsonl is there once it "
                        "is Completed.", code="not_ready", status_code=409)

@@ -227,8 +227,11 @@ def endpoint_update(request: HttpRequest, name: str) -> HttpResponse:
     errors: dict[str, str] = {}
     before = (endpoint.model_version.version, endpoint.flow_definition.name if endpoint.flow_definition else None)
     try:
-        version = actions.resolve_model_version(endpoint.project, endpoint.model_version.model,
-                                                request.POST.get("model_version"))
+        # The form always sends its choice; a request without one keeps the version served
+        # (never "the latest", which would switch versions nobody picked).
+        wanted = request.POST.get("model_version", "").strip()
+        version = (actions.resolve_model_version(endpoint.project, endpoint.model_version.model, wanted)
+                   if wanted else actions.UNSET)
         actions.update_endpoint(endpoint, model_version=version,
                                 flow_definition=request.POST.get("flow_definition") or None)
     except HostingError as exc:

@@ -79,3 +79,21 @@ def test_on_s3_the_batch_download_is_a_presigned_redirect(owner, client_for, mod
     assert fetched.status_code == 200
     lines = fetched.text.splitlines()
     assert len(lines) == detail["records_total"] and '"label"' in lines[0]
+
+
+def test_a_failed_batch_says_why_it_has_nothing_to_download(owner, client_for, project, model_version, tmp_path):
+    from datasets.actions import VersionOptions, register_local_files
+    from datasets.validation_run import run_validation
+
+    wrong = tmp_path / "wrong.csv"
+    wrong.write_text("a,label\n1,x\n2,y\n")
+    version, _ = register_local_files(project=project, name="wrong-columns", description="", user=owner,
+                                      files={"wrong.csv": wrong}, options=VersionOptions(format="csv", label_column="label"))
+    assert run_validation(version.pk) == "ready"
+    batch_id = submit(client_for(owner), version)
+    assert run_batch_prediction(batch_id) == BatchStatus.FAILED
+    response = client_for(owner).get(f"/api/v1/batch-predictions/{batch_id}/download")
+    assert response.status_code == 409
+    message = response.json()["error"]["message"]
+    assert message.startswith(f"Batch prediction {batch_id} failed, so it wrote no predictions.jsonl: ")
+    assert "the dataset's columns do not match the model's features" in message

@@ -136,3 +136,15 @@ def test_the_register_dropdown_names_each_job_with_its_key_metric(teammate, demo
     option = re.search(rf'<option value="{demo_job.pk}"[^>]*>([^<]*)</option>', body).group(1)
     accuracy = demo_job.final_metrics["validation_accuracy"]
     assert option.startswith(f"demo-tabular (#{demo_job.pk}) · validation_accuracy {accuracy:.4g}"), option
+
+
+def test_a_settings_post_without_a_version_keeps_the_one_served(teammate, two_versions):
+    first, _, endpoint = two_versions
+    client = login(teammate)
+    assert client.post(settings_url(endpoint), {"model_version": "1"}).status_code == 302
+    for posted in ({}, {"model_version": ""}, {"model_version": "  "}):
+        response = client.post(settings_url(endpoint), posted)
+        assert response.status_code == 302
+        endpoint.refresh_from_db()
+        assert endpoint.model_version_id == first.pk, posted  # not switched to the latest
+    assert "biomes-live is unchanged." in client.get(response["Location"]).content.decode()
