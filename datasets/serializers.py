@@ -17,7 +17,7 @@ class DatasetCreateSerializer(serializers.Serializer):
     format = serializers.ChoiceField(choices=DatasetFormat.choices, required=False, allow_blank=True, default="")
     label_column = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
     text_column = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
-    delimiter = serializers.CharField(required=False, allow_blank=True, default="", max_length=2, trim_whitespace=False)
+    delimiter = serializers.CharField(required=False, allow_blank=True, default="", max_length=3, trim_whitespace=False)  # "tab"
     split = serializers.JSONField(required=False, allow_null=True, default=None)
 
     def validate_name(self, value: str) -> str:

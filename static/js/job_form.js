@@ -371,8 +371,14 @@
       names.forEach(function (name) { channelRow(name, "custom", previous[name] || (name === "train" ? fallback : null)); });
     } else {
       var channels = channelsOf(spec());
-      channels.required.forEach(function (name) { channelRow(name, "required", previous[name] || fallback); });
-      channels.optional.forEach(function (name) { channelRow(name, "optional", previous[name]); });
+      // A choice kept from another algorithm that this one cannot use is dropped.
+      var kept = function (name) {
+        var choice = previous[name];
+        var v = choice && versionById(choice.dataset_version);
+        return keep && v && !usable(v, name) ? null : choice;
+      };
+      channels.required.forEach(function (name) { channelRow(name, "required", kept(name) || fallback); });
+      channels.optional.forEach(function (name) { channelRow(name, "optional", kept(name)); });
     }
     el("add-channel").hidden = mode() !== "script";
     markVersions();

@@ -119,3 +119,13 @@ def test_version_page_says_when_no_label_column_was_found(owner, client_for, cli
     run_validation(labelled.json()["id"])
     page = client.get(f"/datasets/versions/{labelled.json()['id']}/", follow=True)
     assert 'id="no-label-notice"' not in page.content.decode()
+
+
+def test_tab_written_either_way_is_the_same_option(owner, client_for):
+    tsv = b"a\tb\tlabel\n1\t2\tx\n3\t4\ty\n"
+    client = client_for(owner)
+    first = upload(client, tsv, name="tabs", file_name="train.tsv", delimiter="tab")
+    assert first.status_code == 201, first.content  # "tab" was refused: longer than 2 characters
+    again = upload(client, tsv, name="tabs", file_name="train.tsv", delimiter="\\t")
+    assert again.status_code == 200 and again.json()["unchanged"] is True, again.content
+    assert "delimiter '\\t'" in again.json()["reason"]
