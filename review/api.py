@@ -165,6 +165,10 @@ class FlowDefinitionExportView(APIView):
                                           serializer.validated_data.get("mode"))
         except ReviewError as exc:
             raise api_error(exc) from exc
+        if getattr(version, "export_unchanged", False):
+            reason = (f"{version.dataset.name} v{version.version} already holds exactly this export; "
+                      "no new version was made.")
+            return Response({**DatasetVersionSerializer(version).data, "unchanged": True, "reason": reason})
         return Response(DatasetVersionSerializer(version).data, status=status.HTTP_201_CREATED)
 
 

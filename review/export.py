@@ -373,6 +373,8 @@ def _register(flow: FlowDefinition, user, name: str, files: dict[str, Path], opt
                 version.save(update_fields=["provenance"])
     except DatasetError as exc:
         raise ReviewError("dataset", exc.message, status=exc.status) from exc
+    # The same export again finds the version that already holds it (nothing new is made).
+    version.export_unchanged = not created  # type: ignore[attr-defined]
     return version
 
 

@@ -281,6 +281,10 @@ def flow_export(request: HttpRequest, pk: int) -> HttpResponse:
     except ReviewError as exc:
         messages.error(request, f"Export failed: {exc.message}")
         return redirect("review-flow", pk=flow.pk)
+    if getattr(version, "export_unchanged", False):
+        messages.info(request, f"Nothing new: {version.dataset.name} v{version.version} already holds exactly this "
+                               "export, so no version was made.")
+        return redirect(reverse("review-flow", args=[flow.pk]) + f"?exported={version.pk}#exports")
     holds = (version.provenance or {}).get("summary") if isinstance(version.provenance, dict) else None
     messages.success(request, f"Exported to {version.dataset.name} v{version.version}"
                               f"{f' ({holds})' if holds else ''}; it is validated like any upload, then ready to "

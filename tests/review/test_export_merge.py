@@ -399,3 +399,16 @@ def test_the_clone_form_does_not_carry_a_tuning_tag(animals, owner):
     job, *_ = animals
     form = signed_in(owner).get(f"/jobs/new/?clone={job.pk}").context["form"]
     assert form.initial["tags"] == "baseline"
+
+
+def test_the_same_export_twice_says_nothing_new_was_made(reviewed_animals, owner, client_for):
+    flow, *_ = reviewed_animals
+    client = client_for(owner)
+    first = client.post(f"/api/v1/flow-definitions/{flow.pk}/export/", {}, format="json")
+    assert first.status_code == 201 and first.json()["version"] == 2
+    again = client.post(f"/api/v1/flow-definitions/{flow.pk}/export/", {}, format="json")
+    assert again.status_code == 200, again.content
+    body = again.json()
+    assert (body["id"], body["unchanged"]) == (first.json()["id"], True)
+    assert body["reason"] == "animals v2 already holds exactly this export; no new version was made."
+    assert body["provenance"]["counts"]["relabelled"] == 2
