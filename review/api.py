@@ -153,7 +153,7 @@ class FlowDefinitionDetailView(APIView):
 
 
 class FlowDefinitionExportView(APIView):
-    @extend_schema(request=ExportSerializer, responses={201: OpenApiTypes.OBJECT})
+    @extend_schema(request=ExportSerializer, responses={201: OpenApiTypes.OBJECT, 200: OpenApiTypes.OBJECT})
     def post(self, request: Request, pk: int) -> Response:
         from datasets.serializers import DatasetVersionSerializer
 
