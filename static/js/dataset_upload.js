@@ -219,7 +219,7 @@
           setBusy(false);
           progressBox.hidden = true;
           var note = document.getElementById("form-unchanged");
-          note.textContent = "Nothing changed. " + (version.reason || "") + " ";
+          note.textContent = (version.reason || "Nothing changed: the files and the options are those of this version.") + " ";
           var open = document.createElement("a");
           open.href = versionUrl;
           open.textContent = "Open " + version.name + " v" + version.version;

@@ -145,3 +145,30 @@ def test_the_version_page_says_no_label_column_was_found(live_server, scientist,
     page.goto(base + f"/datasets/versions/{versions['points'].pk}/")
     page.get_by_role("heading", name="points").wait_for()
     assert page.locator("#no-label-notice").count() == 0
+
+
+def test_the_upload_page_says_nothing_changed_or_makes_a_new_version(live_server, scientist, browser_page):
+    page = browser_page
+    base = live_server.url
+    sign_in(page, base)
+    content = "petal,colour,species\n" + "".join(f"{i},{'rb'[i % 2]},{'xyz'[i % 3]}\n" for i in range(30))
+
+    def send(label_column: str) -> None:
+        page.goto(base + "/datasets/new/")
+        page.fill("#id_name", "flowers")
+        page.fill("#id_label_column", label_column)
+        page.set_input_files("#id_files", files=[{"name": "flowers.csv", "mimeType": "text/csv", "buffer": content.encode()}])
+        page.click("#upload-submit")
+
+    send("species")
+    page.wait_for_url(re.compile(r"/datasets/\d+/\?version=1$"))
+    send("species")
+    note = page.locator("#form-unchanged")
+    note.wait_for()  # before the fix: it opened v1 again after a flash of "Same content"
+    assert "nothing changed" in note.inner_text() and "label column 'species'" in note.inner_text()
+    assert "/datasets/new/" in page.url
+    assert page.get_by_role("link", name="Open flowers v1").is_visible()
+    page.screenshot(path=str(SCREENSHOTS / "trainyard-upload-unchanged.png"), full_page=False)
+    send("colour")  # the same file read with another label column: a new version
+    page.wait_for_url(re.compile(r"/datasets/\d+/\?version=2$"))
+    assert page.console_errors == []
