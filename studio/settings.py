@@ -201,23 +201,25 @@ TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
 STATIC_URL = "/static/"
-STATIC_ROOT = DATA_DIR / "staticfiles"
-STATIC_ROOT.mkdir(exist_ok=True)  # whitenoise warns on a missing root; finders serve the files
-def _plotly_bundle_dir() -> Path:
-    import plotly
-
-    return Path(plotly.__file__).parent / "package_data"
-
-
+# Collected (hashed, compressed) static files; several studios on one machine may share them.
+STATIC_ROOT = Path(env_str("STUDIO_STATIC_ROOT", str(DATA_DIR / "staticfiles"))).expanduser().resolve()
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+STATICFILES_DIRS = [BASE_DIR / "static"]
 # plotly's own bundled plotly.min.js, served as /static/vendor/plotly/plotly.min.js (no CDN).
-STATICFILES_DIRS = [BASE_DIR / "static", ("vendor/plotly", _plotly_bundle_dir())]
-# Plain storage: pages render without a collectstatic step; whitenoise still serves
-# files from the finders with autorefresh when no STATIC_ROOT copy exists.
+STATICFILES_FINDERS = [
+    "django.contrib.staticfiles.finders.FileSystemFinder",
+    "django.contrib.staticfiles.finders.AppDirectoriesFinder",
+    "studio.staticfiles.PlotlyFinder",
+]
+# Hashed names, gzip and brotli copies (studio/staticfiles.py): whitenoise sends a hashed
+# file with a ten-year immutable cache and the encoding the browser accepts. The manifest
+# comes from `collectstatic`, which `studio up` and the test session run (a second run takes
+# seconds); with STUDIO_DEBUG the files come unhashed from the finders instead.
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
-    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    "staticfiles": {"BACKEND": "studio.staticfiles.StudioStaticStorage"},
 }
-WHITENOISE_USE_FINDERS = True
+WHITENOISE_USE_FINDERS = DEBUG
 WHITENOISE_AUTOREFRESH = DEBUG
 
 LOGGING = {

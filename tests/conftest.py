@@ -25,6 +25,20 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session", autouse=True)
+def collected_static() -> None:
+    """Pages link hashed static names from collectstatic's manifest, as in production
+    (studio/staticfiles.py); a session whose sources did not change reuses the last collect.
+    The live server then sends /static/ through whitenoise like gunicorn does, rather than
+    through Django's finder-based handler, which knows no hashed names."""
+    from django.contrib.staticfiles.handlers import StaticFilesHandler
+
+    from studio.staticfiles import collect_static
+
+    collect_static()
+    StaticFilesHandler._should_handle = lambda self, path: False  # type: ignore[method-assign]
+
+
+@pytest.fixture(scope="session", autouse=True)
 def isolated_storage(tmp_path_factory) -> Iterator[dict]:
     """One object store and one allowed data root for the whole session, shared with any
     worker process the tests start (they get the same values through the environment)."""

@@ -101,6 +101,28 @@
     var batch = byRank[rank] || (byRank[rank] = { x: [], y: [] });
     batch.x.push(step);
     batch.y.push(value);
+    if (historyLoaded) scheduleDraw();
+  }
+
+  // Redraws are throttled to the frame: at most one per MIN_DRAW_MS for everything queued
+  // since (metric points and system samples together), in an animation frame, so a busy
+  // stream costs a few redraws a second and a background tab none (frames pause there).
+  var MIN_DRAW_MS = 250;
+  var drawPending = false;
+  var lastDraw = 0;
+
+  function scheduleDraw() {
+    if (drawPending) return;
+    drawPending = true;
+    var wait = Math.max(0, lastDraw + MIN_DRAW_MS - Date.now());
+    window.setTimeout(function () {
+      window.requestAnimationFrame(function () {
+        drawPending = false;
+        lastDraw = Date.now();
+        if (historyLoaded) drawQueued();
+        drawQueuedSamples();
+      });
+    }, wait);
   }
 
   function drawQueued() {
@@ -162,7 +184,9 @@
     var cell = Array.prototype.filter.call(document.querySelectorAll("dd[data-latest]"), function (dd) {
       return dd.getAttribute("data-latest") === name;
     })[0];
-    if (cell && typeof value === "number") cell.textContent = Math.abs(value) >= 1e-3 || value === 0 ? String(Number(value.toPrecision(4))) : value.toExponential(3);
+    if (!cell || typeof value !== "number") return;
+    cell.textContent = Math.abs(value) >= 1e-3 || value === 0 ? String(Number(value.toPrecision(4))) : value.toExponential(3);
+    cell.title = String(value);  // the exact value on hover, as |sig renders it
   }
 
   // --- system chart ----------------------------------------------------------------------------
@@ -186,11 +210,29 @@
     return system.traces[node];
   }
 
+  // Samples are queued like metric points and drawn in the same throttled frame.
+  var queuedSamples = {};  // node → {x: [], cpu: [], mem: []}
+  var SHORTEST_SPAN_MS = 60000;
+
   function addSample(sample) {
     if (!system.div || !window.Plotly) return;
+    var node = sample.node || "";
+    var when = sampleTime(sample.time);
+    if (system.last[node] !== undefined && when <= system.last[node]) return;  // already drawn
+    system.last[node] = when;
+    var batch = queuedSamples[node] || (queuedSamples[node] = { x: [], cpu: [], mem: [] });
+    batch.x.push(when);
+    batch.cpu.push(sample.cpu);
+    batch.mem.push(sample.mem === null || sample.mem === undefined ? null : sample.mem / 1073741824);
+    scheduleDraw();
+  }
+
+  function drawQueuedSamples() {
+    var nodes = Object.keys(queuedSamples);
+    if (!nodes.length || !system.div) return;
     if (!system.drawn) {
       window.Plotly.newPlot(system.div, [], baseLayout({
-        xaxis: { type: "date", gridcolor: "#eef0f3" }, yaxis: { title: { text: "CPU %" }, rangemode: "tozero", gridcolor: "#eef0f3" },
+        xaxis: { type: "date", gridcolor: "#eef0f3", tickformatstops: [{ dtickrange: [null, 1000], value: "%H:%M:%S" }] }, yaxis: { title: { text: "CPU %" }, rangemode: "tozero", gridcolor: "#eef0f3" },
         yaxis2: { title: { text: "memory GiB" }, overlaying: "y", side: "right", rangemode: "tozero", showgrid: false,
                   tickformat: ".1f" },
         showlegend: true, legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom" },
@@ -199,13 +241,31 @@
       system.drawn = true;
       document.getElementById("system-empty").hidden = true;
     }
-    var node = sample.node || "";
-    var when = sampleTime(sample.time);
-    if (system.last[node] !== undefined && when <= system.last[node]) return;  // already drawn
-    system.last[node] = when;
-    var indices = systemTraces(node);
-    var memory = sample.mem === null || sample.mem === undefined ? null : sample.mem / 1073741824;
-    window.Plotly.extendTraces(system.div, { x: [[when], [when]], y: [[sample.cpu], [memory]] }, indices, 5000);
+    var x = [], y = [], indices = [];
+    nodes.forEach(function (node) {
+      var batch = queuedSamples[node];
+      var pair = systemTraces(node);
+      indices.push(pair[0], pair[1]);
+      x.push(batch.x, batch.x);
+      y.push(batch.cpu, batch.mem);
+      batch.x.forEach(function (when) {
+        if (!system.first || when < system.first) system.first = when;
+        if (!system.newest || when > system.newest) system.newest = when;
+      });
+    });
+    queuedSamples = {};
+    window.Plotly.extendTraces(system.div, { x: x, y: y }, indices, 5000);
+    // One sample (or a few seconds of them) autoranges to milliseconds: show at least a
+    // minute around them until the samples span one.
+    var span = system.newest - system.first;
+    if (span < SHORTEST_SPAN_MS) {
+      var pad = (SHORTEST_SPAN_MS - span) / 2;
+      window.Plotly.relayout(system.div, { "xaxis.range": [new Date(system.first.getTime() - pad), new Date(system.newest.getTime() + pad)] });
+      system.padded = true;
+    } else if (system.padded) {
+      window.Plotly.relayout(system.div, { "xaxis.autorange": true });
+      system.padded = false;
+    }
   }
 
   // --- logs -------------------------------------------------------------------------------------
@@ -423,7 +483,6 @@
     listen();
     loadHistory();
     loadLogs();
-    window.setInterval(function () { if (historyLoaded) drawQueued(); }, 250);
   }
 
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);

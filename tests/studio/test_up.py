@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from django.conf import settings
 
 from studio.embedded_redis import free_port
 from tests.conftest import ROOT, wait_for
@@ -55,7 +56,9 @@ def _studio_env(data_dir: Path) -> dict[str, str]:
     # No REDIS_URL: the studio must start its own Redis. No DATABASE_URL: SQLite in its
     # data directory. No STUDIO_* from the test session: nothing shared with it.
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL") and not k.startswith("STUDIO_")}
-    env.update(STUDIO_DATA_DIR=str(data_dir), PYTHONUNBUFFERED="1")
+    # The session's collected static files: a fresh collect (a minute of brotli) per studio is
+    # not what these tests are about.
+    env.update(STUDIO_DATA_DIR=str(data_dir), PYTHONUNBUFFERED="1", STUDIO_STATIC_ROOT=str(settings.STATIC_ROOT))
     return env
 
 

@@ -122,6 +122,11 @@ class Command(BaseCommand):
             self.stdout.write(f"Data directory: {data_dir}")
             self.stdout.write("Migrating the database …")
             call_command("migrate", interactive=False, verbosity=0)
+            if not settings.DEBUG:
+                from studio.staticfiles import collect_static
+
+                self.stdout.write("Collecting static files (hashed, gzip and brotli; the first time takes a while) …")
+                collect_static()
             admin = self._ensure_demo_admin()
 
             redis_url = os.environ.get("REDIS_URL", "")
