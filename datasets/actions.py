@@ -61,7 +61,7 @@ OPTION_NAMES = {"format": "format", "label_column": "label column", "text_column
 
 def unchanged_reason(version: DatasetVersion) -> str:
     """Why a registration returned `version` instead of a new one, in words."""
-    requested = version.requested_options or {}
+    requested = version.requested_options or _stored_options(version)
     shown = []
     for key, label in OPTION_NAMES.items():
         value = requested.get(key)
@@ -139,16 +139,33 @@ def _same_as_latest(dataset: Dataset, options: VersionOptions, *, content_hash: 
                     fingerprint: str = "") -> DatasetVersion | None:
     """The latest usable version when it has this content and was registered with these
     very options; identical files read another way (another label column, delimiter,
-    split or format) are another version. A version from before requested_options was
-    recorded never matches: how it was asked to be read is not known."""
+    split or format) are another version."""
     latest = dataset.versions.exclude(status=VersionStatus.INVALID).order_by("-version").first()
-    if latest is None or not latest.requested_options or latest.requested_options != options.as_requested():
+    if latest is None or not _read_alike(latest, options):
         return None
     if content_hash and latest.content_hash == content_hash:
         return latest
     if fingerprint and latest.source_fingerprint == fingerprint:
         return latest
     return None
+
+
+def _stored_options(version: DatasetVersion) -> dict:
+    """How a version was read, from its own fields (validation filled in what it found)."""
+    return {"format": version.format, "label_column": version.label_column, "text_column": version.text_column,
+            "delimiter": version.delimiter, "split": dict(version.split or {})}
+
+
+def _read_alike(version: DatasetVersion, options: VersionOptions) -> bool:
+    given = options.as_requested()
+    if version.requested_options:
+        return version.requested_options == given
+    # A version from before requested_options was recorded (so `studio up` reloading the
+    # demo does not make new versions of an existing install): what it was read with
+    # stands in; an option the new registration leaves to detection matches what was found.
+    stored = _stored_options(version)
+    return given["split"] == stored["split"] and all(not given[key] or given[key] == stored[key]
+                                                     for key in ("format", "label_column", "text_column", "delimiter"))
 
 
 def register_upload(*, project: Project, name: str, description: str, user, root_uri: str, stored: list[StoredFile],

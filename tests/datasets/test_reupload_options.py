@@ -129,3 +129,26 @@ def test_tab_written_either_way_is_the_same_option(owner, client_for):
     again = upload(client, tsv, name="tabs", file_name="train.tsv", delimiter="\\t")
     assert again.status_code == 200 and again.json()["unchanged"] is True, again.content
     assert "delimiter '\\t'" in again.json()["reason"]
+
+
+def test_a_version_from_before_requested_options_is_compared_with_how_it_was_read(owner, client_for):
+    client = client_for(owner)
+    first = upload(client, label_column="species")
+    run_validation(first.json()["id"])
+    DatasetVersion.objects.filter(pk=first.json()["id"]).update(requested_options={})  # as migrated
+    again = upload(client, label_column="species")  # e.g. `studio up` loading the demo again
+    assert again.status_code == 200 and again.json()["unchanged"] is True, again.content
+    assert "label column 'species'" in again.json()["reason"]
+    other = upload(client, label_column="colour")
+    assert other.status_code == 201 and other.json()["version"] == 2
+
+
+def test_the_demo_loads_once(project, owner):
+    from datasets.demo import load_demo_data
+
+    first = load_demo_data(project, owner)
+    again = load_demo_data(project, owner)
+    assert [v.pk for v in again] == [v.pk for v in first]
+    assert all(v.version == 1 for v in again)
+    DatasetVersion.objects.update(requested_options={})  # an install from before the field
+    assert [v.pk for v in load_demo_data(project, owner)] == [v.pk for v in first]
