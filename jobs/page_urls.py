@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from jobs import views
+from jobs import views, views_delete
 
 urlpatterns = [
     path("", views.job_list, name="job-list"),
@@ -11,4 +11,5 @@ urlpatterns = [
     path("<int:pk>/", views.job_detail, name="job-detail"),
     path("<int:pk>/model", views.job_model, name="job-model"),
     path("<int:pk>/logs", views.job_logs, name="job-logs"),
+    path("<int:pk>/delete/", views_delete.job_delete, name="job-delete"),
 ]

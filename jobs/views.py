@@ -170,6 +170,8 @@ def job_list(request: HttpRequest) -> HttpResponse:
 
     projects = readable_projects(request)
     visible = TrainingJob.objects.filter(project__in=projects)
+    if request.GET.get("archived") != "true":  # archived jobs (jobs.deletion) only when asked
+        visible = visible.filter(archived_at__isnull=True)
     filters = JobFilters.from_query(request.GET)
     matching = filters.apply(visible)
     jobs = list(matching.select_related("project").only(*LIST_FIELDS).prefetch_related(_list_inputs())

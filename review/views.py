@@ -171,7 +171,20 @@ def flow_list(request: HttpRequest) -> HttpResponse:
         "show_project": len(project_roles(request)) > 1,
         "can_create": any(entry.can_write for entry in project_roles(request)),
         "api_url": reverse("api-flow-definitions"),
+        # The work teams, each with its Delete (review.views_delete) where the user may write.
+        "teams": _teams_with_flows(projects, flows),
+        "writable_project_ids": {entry.project.pk for entry in project_roles(request) if entry.can_write},
     })
+
+
+def _teams_with_flows(projects, flows: list[FlowDefinition]) -> list[WorkTeam]:
+    """The projects' work teams (one query), each with the flows that use it (`flows` is
+    every flow of those projects, already read)."""
+    teams = list(WorkTeam.objects.filter(project__in=projects).select_related("project")
+                 .annotate(member_count=Count("members", distinct=True)).order_by("project__slug", "name"))
+    for team in teams:
+        team.flow_list = [flow for flow in flows if flow.work_team_id == team.pk]  # type: ignore[attr-defined]
+    return teams
 
 
 @dataclass(frozen=True)

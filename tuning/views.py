@@ -101,6 +101,8 @@ def with_trial_counts(jobs: QuerySet[TuningJob]) -> QuerySet[TuningJob]:
 def tuning_list(request: HttpRequest) -> HttpResponse:
     projects = readable_projects(request)
     visible = TuningJob.objects.filter(project__in=projects)
+    if request.GET.get("archived") != "true":  # archived searches (tuning.deletion) only when asked
+        visible = visible.filter(archived_at__isnull=True)
     filters = TuningFilters.from_query(request.GET)
     matching = filters.apply(visible)
     jobs = list(with_trial_counts(matching.select_related("project")).order_by("-created_at")[:LIST_LIMIT])

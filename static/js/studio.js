@@ -37,6 +37,19 @@
     if (question && !window.confirm(question)) event.preventDefault();
   });
 
+  // Confirm dialogs (templates/includes/delete_button.html): a button opens its <dialog>;
+  // a [data-dialog-close] inside one closes it.
+  document.addEventListener("click", function (event) {
+    var opener = event.target.closest && event.target.closest("[data-dialog-open]");
+    if (opener) {
+      var dialog = document.getElementById(opener.getAttribute("data-dialog-open"));
+      if (dialog && !dialog.open) dialog.showModal();
+      return;
+    }
+    var closer = event.target.closest && event.target.closest("[data-dialog-close]");
+    if (closer && closer.closest("dialog")) closer.closest("dialog").close();
+  });
+
   document.addEventListener("change", function (event) {
     var el = event.target;
     if (el.matches && el.matches("select[data-autosubmit]") && el.form) el.form.submit();
