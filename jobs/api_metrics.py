@@ -20,7 +20,7 @@ from django.db.models import Count, Max, Min
 from django.http import HttpResponse, StreamingHttpResponse
 from django.utils.dateparse import parse_datetime
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -34,6 +34,7 @@ from jobs.metrics.live import current_positions, decode_positions, event_stream,
 from jobs.models import MetricPoint, SystemMetric, TrainingJob
 from studio.api import ApiError
 from studio.redis_conn import redis_client
+from studio.schema import sse_event_schema
 
 RAW_DEFAULT_LIMIT = 1000
 RAW_MAX_LIMIT = 10_000
@@ -222,7 +223,8 @@ class JobStreamView(APIView):
     @extend_schema(
         parameters=[OpenApiParameter("last_event_id", str, description="Resume after this event id (or send the "
                                      "Last-Event-ID header, as EventSource does).")],
-        responses={(200, "text/event-stream"): OpenApiTypes.STR},
+        responses={(200, "text/event-stream"): sse_event_schema(["status", "metric", "log", "system"]),
+                   204: OpenApiResponse(description="Resumed on a finished job with nothing new: EventSource stops.")},
         description="Server-sent events: status, metric, log, system. Each event id resumes the stream exactly after it.",
     )
     def get(self, request: Request, pk: int) -> HttpResponse:

@@ -111,7 +111,7 @@ def delete_job(job: TrainingJob) -> tuple[str, TrainingJob | None]:
     """Delete or archive a job. Returns ("deleted", None) or ("archived", job); raises
     DeletionBlocked when the job may not go (the message names what is in the way)."""
     with transaction.atomic():
-        job = TrainingJob.objects.select_for_update().select_related("tuning_job").get(pk=job.pk)
+        job = TrainingJob.objects.select_for_update(of=("self",)).select_related("tuning_job").get(pk=job.pk)
         plan = job_deletion_plan(job)
         if plan.blocked:
             raise DeletionBlocked(plan)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, RequestDataTooBig, SuspiciousOperation
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.pagination import PageNumberPagination
@@ -100,7 +100,11 @@ def error_body(code: str, message: str, fields: dict[str, Any] | None = None) ->
 
 def error_envelope_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """Every API error as {"error": {"code", "message", "fields"}} (SPEC §6)."""
-    if isinstance(exc, Http404):
+    if isinstance(exc, RequestDataTooBig):
+        exc = ApiError(f"The request body is too large: {exc}", code="too_large", status_code=413)
+    elif isinstance(exc, SuspiciousOperation):  # e.g. TooManyFieldsSent: more than 1,000 form fields
+        exc = ApiError(f"The request was refused: {exc}")
+    elif isinstance(exc, Http404):
         exc = exceptions.NotFound(str(exc) if str(exc) else "Not found.")
     elif isinstance(exc, PermissionDenied):
         exc = exceptions.PermissionDenied(str(exc) or None)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -182,7 +181,7 @@ class TuningJobSummarySerializer(serializers.ModelSerializer):
     def get_trial_counts(self, tuning: TuningJob) -> dict[str, int]:
         return self.context["trial_counts"].get(tuning.pk) or trial_counts([])
 
-    @extend_schema_field(OpenApiTypes.FLOAT)
+    @extend_schema_field(serializers.FloatField(allow_null=True))
     def get_elapsed_seconds(self, tuning: TuningJob) -> float | None:
         return tuning.elapsed_seconds()
 
