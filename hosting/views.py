@@ -108,8 +108,23 @@ def model_register(request: HttpRequest) -> HttpResponse:
     return render(request, "hosting/models.html", context, status=400)
 
 
+def _name_inputs(model: Model, versions: list[ModelVersion]) -> None:
+    """version.inputs_named: [(channel, its DatasetVersion of the model's project or None,
+    the stored id)] — "train: demo-tabular v1", not "train: #1" — in one query."""
+    from datasets.models import DatasetVersion
+
+    ids = {raw for version in versions for raw in (version.dataset_versions or {}).values()
+           if isinstance(raw, int) and not isinstance(raw, bool)}
+    named = {row.pk: row for row in DatasetVersion.objects.filter(pk__in=ids, dataset__project_id=model.project_id)
+             .select_related("dataset")}
+    for version in versions:
+        version.inputs_named = [(channel, named.get(raw) if isinstance(raw, int) else None, raw)  # type: ignore[attr-defined]
+                                for channel, raw in sorted((version.dataset_versions or {}).items())]
+
+
 def _model_context(request: HttpRequest, model: Model) -> dict[str, Any]:
     versions = list(model.versions.select_related("job", "created_by").order_by("-version"))
+    _name_inputs(model, versions)
     endpoints = list(Endpoint.objects.filter(model_version__model=model).select_related("model_version", "flow_definition"))
     from review.models import FlowDefinition
 

@@ -21,6 +21,8 @@ urlpatterns = [
     path("models/", include("hosting.page_urls")),
     path("review/", include("review.page_urls")),
     path("nodes/", views.nodes, name="nodes"),
+    # Browsers ask for /favicon.ico on pages that link none (the API's JSON, the docs).
+    path("favicon.ico", views.favicon, name="favicon"),
     path("account/tokens/", views_tokens.token_list, name="tokens"),
     path("account/tokens/<int:pk>/revoke/", views_tokens.token_revoke, name="token-revoke"),
 ]

@@ -212,3 +212,11 @@ def nodes(request: HttpRequest) -> HttpResponse:
         "heartbeat_every": settings.STUDIO_NODE_HEARTBEAT_SECONDS,
     })
 
+
+
+def favicon(request: HttpRequest) -> HttpResponse:
+    """/favicon.ico → the hashed static favicon.svg (cached for good there)."""
+    from django.contrib.staticfiles.storage import staticfiles_storage
+    from django.http import HttpResponsePermanentRedirect
+
+    return HttpResponsePermanentRedirect(staticfiles_storage.url("img/favicon.svg"))

@@ -4,7 +4,10 @@
 (function () {
   "use strict";
 
-  var PALETTE = ["#2f4fc7", "#0b7d8c", "#6741c9", "#c2570c", "#23804a", "#bd2b2b", "#56606d", "#9a5a06", "#b8327a", "#4d7c0f"];
+  // Neighbours differ in hue by far (blue, orange, green, magenta …) and in dash, so two jobs
+  // read apart for colour-blind eyes and in print too; the first two used to be blue and teal.
+  var PALETTE = ["#2f4fc7", "#c2570c", "#23804a", "#b8327a", "#0b7d8c", "#6741c9", "#bd2b2b", "#56606d", "#9a5a06", "#4d7c0f"];
+  var DASHES = ["solid", "dash", "dot", "dashdot"];
   var POINTS = 600;
 
   function escapeLabel(text) {
@@ -41,7 +44,7 @@
         traces.push({
           type: "scattergl", mode: points.length > 24 ? "lines" : "lines+markers", name: label,
           x: points.map(function (p) { return p[0]; }), y: points.map(function (p) { return p[1]; }),
-          line: { color: PALETTE[index % PALETTE.length], width: 1.6 }, marker: { color: PALETTE[index % PALETTE.length], size: 5 },
+          line: { color: PALETTE[index % PALETTE.length], width: 1.8, dash: DASHES[index % DASHES.length] }, marker: { color: PALETTE[index % PALETTE.length], size: 5 },
           hovertemplate: "%{y:.4g}<extra>" + label + "</extra>",
         });
       });

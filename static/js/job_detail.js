@@ -397,6 +397,15 @@
       live.finished = true;
       if (stream) stream.close();
       document.getElementById("metrics-note").textContent = "";
+      // "No metrics yet — a chart appears…" no longer holds once the job has ended.
+      var emptyTitle = document.getElementById("charts-empty-title");
+      var emptyText = document.getElementById("charts-empty-text");
+      if (emptyTitle) emptyTitle.textContent = "No metrics";
+      if (emptyText) {
+        emptyText.textContent = payload.status === "Failed"
+          ? "This job failed before it reported a metric; its log below says why."
+          : "This job reported no metrics.";
+      }
       // The partition's measured times (or FSDP's report) may be stored just after the
       // final status: look once more a little later.
       if (live.expects_report) window.setTimeout(refreshRegions, 3000);
