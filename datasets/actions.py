@@ -289,9 +289,9 @@ class VersionInUse(Exception):
     def __init__(self, version: DatasetVersion, uses: list[VersionUse]):
         self.version = version
         self.uses = uses
-        named = "; ".join(f"{u.kind} '{u.name}' ({u.url})" for u in uses)
-        first = uses[0]
-        super().__init__(f"{version} is used by {named}: delete that {first.kind} first, or keep this version.")
+        named = "; ".join(f"a {u.kind} '{u.name}' ({u.url})" for u in uses)
+        what = "job" if uses[0].kind == "training job" else uses[0].kind
+        super().__init__(f"{version} is used by {named}: delete that {what} first, or keep this version.")
 
 
 def _delete_version_locked(version: DatasetVersion, dataset: Dataset) -> str | None:

@@ -263,6 +263,12 @@ def test_delete_removes_version_and_uploaded_files(owner, client_for, isolated_s
         assert client.delete(f"/api/v1/dataset-versions/{version_id}/").status_code == 204
     assert not DatasetVersion.objects.exists()
     assert not Dataset.objects.exists()
+    # The files go in the background (studio.deletion): run what the control worker runs.
+    from studio.deletion import run_deletion
+    from studio.models import PendingDeletion
+
+    for pending_id in PendingDeletion.objects.values_list("pk", flat=True):
+        run_deletion(pending_id)
     assert uploaded_objects(isolated_storage) == before
 
 
