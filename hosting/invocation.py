@@ -86,7 +86,41 @@ def invoke(endpoint: Endpoint, instances: Any) -> dict[str, Any]:
                                             source={"endpoint": endpoint.name, "model_version": version.pk},
                                             model_version=version)
     count_invocation(endpoint.pk)
-    return {"predictions": predictions, "human_loops": loops, "model_version": version.version}
+    return {"predictions": predictions, "human_loops": loops, "model_version": version.version,
+            "warnings": unknown_categories(version, records)}
+
+
+MAX_WARNINGS = 20
+
+
+def _category(value: Any) -> str:
+    """A value as the tabular encoder compares it with its vocabulary (jobs/algorithms/tabular.py)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return "" if value is None else str(value).strip()
+
+
+def unknown_categories(version: ModelVersion, records: list[Any]) -> list[str]:
+    """One line per categorical value the model never saw in training: it is encoded as none
+    of the known values, so the answer may be worth less; the caller should know (at most
+    MAX_WARNINGS lines, then how many more)."""
+    vocabularies = (version.input_schema or {}).get("categorical") or {} if version.kind == ModelKind.TABULAR else {}
+    if not isinstance(vocabularies, dict) or not vocabularies:
+        return []
+    known = {column: {str(value) for value in values} for column, values in vocabularies.items()}
+    lines: list[str] = []
+    for index, record in enumerate(records):
+        for column, values in known.items():
+            shown = _category(record.get(column) if isinstance(record, dict) else None)
+            if shown and shown not in values:
+                lines.append(f"instances[{index}]: '{column}' = {shown!r} is not a value the model saw in training "
+                             f"(known: {', '.join(sorted(values)[:10])}{', …' if len(values) > 10 else ''}); "
+                             "it was encoded as none of them")
+    if len(lines) > MAX_WARNINGS:
+        lines = lines[:MAX_WARNINGS] + [f"… and {len(lines) - MAX_WARNINGS} more unknown values"]
+    return lines
 
 
 def count_invocation(endpoint_id: int) -> None:
@@ -101,6 +135,8 @@ def count_invocation(endpoint_id: int) -> None:
 def flush_invocation_counts() -> None:
     global _last_flush
     with _count_lock:
+        if not _pending_counts:
+            return  # nothing to write: the next invocation's own flush stays due on time
         counts = dict(_pending_counts)
         _pending_counts.clear()
         _last_flush = time.monotonic()
