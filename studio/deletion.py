@@ -179,10 +179,8 @@ def destroy_schema(kept=None, description: str = ""):
     responses: dict = {204: OpenApiResponse(description="Deleted; its stored objects are removed in the background.")}
     if kept is not None:
         responses[200] = OpenApiResponse(response=kept, description="Archived instead of deleted (history must stay).")
-    try:
-        from studio.schema import ErrorSerializer  # the error envelope's OpenAPI component
-    except ImportError:  # pragma: no cover - an older studio.schema without it
-        ErrorSerializer = None  # noqa: N806
+    from studio.schema import ErrorSerializer  # the error envelope's OpenAPI component
+
     responses[409] = OpenApiResponse(response=ErrorSerializer, description=(
         "Refused, in the error envelope (code in_use): the message names what blocks it (a running job, an "
         "endpoint serving the version, a flow using the team) and where to find it."))
