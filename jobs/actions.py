@@ -97,7 +97,8 @@ def check_algorithm(name: str, hyperparameters: dict, inputs: list[ResolvedInput
     # Each channel the algorithm reads must hold data it can use (format, labels, columns):
     # refused here, naming the channel, rather than failing seconds after the job starts.
     read = (*spec.required_channels, *spec.optional_channels)
-    checkable = not {"label_column", "text_column"} & set(errors)
+    # Without train (refused below) the label and text columns are not known yet.
+    checkable = not {"label_column", "text_column"} & set(errors) and all(c in channels for c in spec.required_channels)
     for item in inputs:
         problem = data_problem(spec, item.channel, DataFacts.of(item.version), clean, item.mode) \
             if checkable and item.channel in read else None

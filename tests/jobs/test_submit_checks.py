@@ -147,6 +147,12 @@ def test_every_channel_is_checked_and_named(owner, client_for, versions):
     assert "plain text" in fields["inputs.test"][0]
 
 
+def test_without_train_only_the_missing_channel_is_named(owner, client_for, versions):
+    response = submit(client_for(owner), "tabular-classifier", {"validation": {"dataset_version": versions["labelled"]}})
+    assert response.status_code == 400, response.content
+    assert set(response.json()["error"]["fields"]) == {"inputs"}
+
+
 def test_a_script_job_may_read_any_data(owner, client_for, versions):
     client = client_for(owner)
     script = client.post("/api/v1/scripts/", {"project": "acme", "file": SimpleUploadedFile("train.py", b"print(1)\n")},
