@@ -24,6 +24,7 @@ from studio.access import get_project_for_user
 from studio.api import ApiError, PaginatedAPIView, paginate, project_for_write
 from studio.deletion import DeletionBlocked, blocked_error, destroy_schema
 from studio.models import Project
+from studio.parsers import reject_nul
 
 OBJECT = OpenApiTypes.OBJECT
 
@@ -271,6 +272,7 @@ class InvocationView(APIView):
             raise ApiError("The body is not valid JSON.") from None
         if not isinstance(body, dict) or "instances" not in body:
             raise ApiError("instances: This field is required.", fields={"instances": ["This field is required."]})
+        reject_nul(body)  # no text or JSON column (a human loop's input) can hold a NUL
         try:
             result = invoke(endpoint, body["instances"])
         except InvalidInstances as exc:

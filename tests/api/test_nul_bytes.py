@@ -12,6 +12,7 @@ from django.test import Client
 from drf_spectacular.generators import SchemaGenerator
 
 from studio.models import Project
+from tests.hosting.conftest import demo_job, demo_model_artifact, demo_version, model_cache_dir  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 
@@ -101,3 +102,14 @@ def test_a_nul_in_a_json_body_field_is_a_400_naming_the_field(owner, client_for)
     assert response.status_code == 400
     assert list(response.json()["error"]["fields"]) == ["project"]
     assert not Project.objects.filter(slug="nul-test").exists()
+
+
+def test_a_nul_in_an_invocation_is_a_400_naming_the_instance_field(project, owner, client_for, demo_job):  # noqa: F811
+    from hosting import actions as hosting_actions
+
+    version = hosting_actions.register_model(project=project, name="demo", job=demo_job, user=owner)
+    hosting_actions.create_endpoint(project=project, name="demo-ep", model_version=version, user=owner)
+    response = client_for(owner).post("/api/v1/endpoints/demo-ep/invocations",
+                                      {"instances": [{"sepal": "1.0"}, {"sepal": "2\x00"}]}, format="json")
+    assert response.status_code == 400, response.content[:300]
+    assert list(response.json()["error"]["fields"]) == ["instances.1.sepal"]
