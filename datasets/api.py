@@ -163,8 +163,7 @@ class DatasetListView(PaginatedAPIView):
         body = DatasetVersionSerializer(version).data
         body["created"] = created
         body["unchanged"] = not created
-        if not created:
-            body["reason"] = actions.unchanged_reason(version)
+        body["reason"] = None if created else actions.unchanged_reason(version)
         return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 

@@ -87,7 +87,7 @@ class DatasetRegisteredSerializer(DatasetVersionSerializer):
 
     created = serializers.BooleanField(read_only=True)
     unchanged = serializers.BooleanField(read_only=True)
-    reason = serializers.CharField(read_only=True, required=False)
+    reason = serializers.CharField(read_only=True, allow_null=True, help_text="Why nothing changed; null for a new version.")
 
     class Meta(DatasetVersionSerializer.Meta):
         fields = [*DatasetVersionSerializer.Meta.fields, "created", "unchanged", "reason"]

@@ -87,7 +87,7 @@ def test_same_file_and_same_options_says_nothing_changed_and_why(owner, client_f
     assert DatasetVersion.objects.filter(dataset__name="flowers").count() == 1
     fresh = upload(client, label_column="species", delimiter=",", file_name="train.csv",
                    content=FLOWERS + b"5.1,1.8,virginica,blue\n")
-    assert fresh.status_code == 201 and fresh.json()["unchanged"] is False and "reason" not in fresh.json()
+    assert fresh.status_code == 201 and fresh.json()["unchanged"] is False and fresh.json()["reason"] is None
 
 
 def test_server_path_with_another_label_column_is_a_new_version(owner, client_for, data_root):
