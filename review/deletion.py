@@ -72,7 +72,7 @@ def team_deletion_plan(team: WorkTeam) -> DeletionPlan:
     plan = DeletionPlan(what=f"work team {team.pk} '{team.name}'")
     for flow in FlowDefinition.objects.filter(work_team=team).order_by("name"):
         plan.blockers.append(Blocker(
-            f"Work team '{team.name}' reviews for flow '{flow.name}': delete that flow or give it another team first.",
+            f"Work team '{team.name}' reviews for flow '{flow.name}': delete that flow first.",
             name=flow.name, url=flow_url(flow)))
     plan.goes = [f"the team's membership ({plural(team.members.count(), 'member')}; their accounts stay)"]
     return plan

@@ -29,6 +29,7 @@ def confirm_or_delete(request: HttpRequest, *, plan: Callable[[], DeletionPlan],
     refused) and returns "archived" when the object was kept as archived."""
     if request.method != "POST":
         return render(request, "includes/delete_confirm.html", {"plan": plan(), "action": request.path, "noun": noun})
+    has_files = bool(plan().uris)
     try:
         outcome = delete()
     except DeletionBlocked as exc:
@@ -37,5 +38,5 @@ def confirm_or_delete(request: HttpRequest, *, plan: Callable[[], DeletionPlan],
     if outcome == "archived":
         messages.success(request, f"Archived {noun}: it is kept for the model it made, and hidden from lists.")
         return redirect(back_url)
-    messages.success(request, f"Deleted {noun}. Its stored files are being removed in the background.")
+    messages.success(request, f"Deleted {noun}." + (" Its stored files are being removed in the background." if has_files else ""))
     return redirect(done_url)

@@ -5,6 +5,8 @@ dialog names the endpoint with a link to it. Screenshots: /tmp/trainyard-delete-
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from django.utils import timezone
 
@@ -38,7 +40,7 @@ def scientist(project):
 def _finished_job(project, user, name: str, points: int) -> TrainingJob:
     job = TrainingJob.objects.create(project=project, name=name, status=JobStatus.COMPLETED, created_by=user,
                                      algorithm="tabular-classifier", finished_at=timezone.now())
-    job.output_uri = object_uri(f"jobs/{job.pk}")
+    job.output_uri = object_uri(f"jobs/{job.pk}-{uuid.uuid4().hex[:8]}")  # ids repeat across rolled-back tests
     job.model_uri = f"{job.output_uri}/model.tar.gz"
     job.save(update_fields=["output_uri", "model_uri"])
     for key in ("model.tar.gz", "output.tar.gz", "checkpoints/step-10.pt", "checkpoints/step-20.pt",

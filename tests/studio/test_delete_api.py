@@ -5,6 +5,8 @@ with the error envelope naming what blocks it; the store objects go in the backg
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from django.utils import timezone
 
@@ -39,7 +41,7 @@ def make_job(project, owner):
     def make(name: str = "resnet", status: str = JobStatus.COMPLETED, points: int = 3, **fields) -> TrainingJob:
         job = TrainingJob.objects.create(project=project, name=name, status=status, algorithm="tabular-classifier",
                                          created_by=owner, **fields)
-        job.output_uri = object_uri(f"jobs/{job.pk}")
+        job.output_uri = object_uri(f"jobs/{job.pk}-{uuid.uuid4().hex[:8]}")  # ids repeat across rolled-back tests
         job.model_uri = put(f"{job.output_uri}/model.tar.gz")
         job.save(update_fields=["output_uri", "model_uri"])
         put(f"{job.output_uri}/output.tar.gz")
