@@ -35,7 +35,8 @@ def test_reading_the_endpoint_includes_counts_still_pending(owner, client_for, e
                                                             monkeypatch):
     client = client_for(owner)
     row = features(held_rows(demo_model_artifact)[0])
-    invoke(client, endpoint, row)  # loads the model (slow), so its count is written at once
+    monkeypatch.setattr(invocation, "_last_flush", time.monotonic() - 10)  # a flush is due
+    invoke(client, endpoint, row)  # so its count is written at once
     assert Endpoint.objects.get(pk=endpoint.pk).invocations == 1
     monkeypatch.setattr(invocation, "_last_flush", time.monotonic())  # just flushed: the next counts wait
     invoke(client, endpoint, row)
