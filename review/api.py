@@ -298,6 +298,9 @@ def _body_object(request: Request) -> dict:
     return data
 
 
+MAX_ID = 2**63 - 1
+
+
 def _claim_flow_id(data: dict) -> int | None:
     """The optional flow_definition of a claim: a positive integer (or a string of one)."""
     value = data.get("flow_definition")
@@ -309,6 +312,8 @@ def _claim_flow_id(data: dict) -> int | None:
         message = "A valid integer is required."
     elif value < 1:
         message = "Ensure this value is greater than or equal to 1."
+    elif value > MAX_ID:  # past what an id column holds (SQLite: OverflowError, a 500)
+        message = f"Ensure this value is less than or equal to {MAX_ID}."
     else:
         return value
     raise ApiError(f"flow_definition: {message}", fields={"flow_definition": [message]})

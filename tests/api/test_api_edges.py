@@ -33,3 +33,10 @@ def test_a_tuning_job_that_has_not_started_has_a_null_elapsed_time_and_the_schem
 
     schema = Client().get("/api/schema/", HTTP_ACCEPT="application/json").json()
     assert schema["components"]["schemas"]["TuningJobSummary"]["properties"]["elapsed_seconds"]["nullable"] is True
+
+
+def test_a_claim_from_a_flow_id_past_the_id_column_is_a_400(owner, client_for):
+    # A JSON integer has no bound; SQLite raised OverflowError (a 500) on the lookup.
+    response = client_for(owner).post("/api/v1/review/claim/", {"flow_definition": 2**70}, format="json")
+    assert response.status_code == 400, response.content[:300]
+    assert list(response.json()["error"]["fields"]) == ["flow_definition"]
