@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from jobs import views, views_delete
+from jobs import views, views_datasets, views_delete
 
 urlpatterns = [
     path("", views.job_list, name="job-list"),
@@ -12,4 +12,5 @@ urlpatterns = [
     path("<int:pk>/model", views.job_model, name="job-model"),
     path("<int:pk>/logs", views.job_logs, name="job-logs"),
     path("<int:pk>/delete/", views_delete.job_delete, name="job-delete"),
+    path("by-dataset/<int:pk>/", views_datasets.dataset_jobs, name="dataset-jobs"),
 ]

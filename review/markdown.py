@@ -1,30 +1,12 @@
-"""Flow instructions: Markdown as written → HTML that pages may insert as is.
-
-nh3 (ammonia) keeps an allow-list of tags and attributes: no <script>/<style>, no on*
-handlers, and links only to http(s)/mailto, so instructions can never run code in a
-reviewer's browser."""
+"""Flow instructions: Markdown as written → sanitised HTML (studio/markdown.py holds the
+renderer and its allow-list; datasets use it too)."""
 
 from __future__ import annotations
 
-import markdown as md
-import nh3
+from studio.markdown import ALLOWED_ATTRIBUTES, ALLOWED_TAGS, URL_SCHEMES, render_markdown
 
-ALLOWED_TAGS = {
-    "a", "abbr", "b", "blockquote", "br", "code", "dd", "del", "div", "dl", "dt", "em", "h1", "h2", "h3", "h4",
-    "h5", "h6", "hr", "i", "img", "kbd", "li", "ol", "p", "pre", "s", "span", "strong", "sub", "sup", "table",
-    "tbody", "td", "th", "thead", "tr", "ul",
-}
-ALLOWED_ATTRIBUTES = {
-    "a": {"href", "title"},
-    "img": {"src", "alt", "title"},
-    "td": {"align"},
-    "th": {"align"},
-    "abbr": {"title"},
-}
-URL_SCHEMES = {"http", "https", "mailto"}
+__all__ = ["ALLOWED_ATTRIBUTES", "ALLOWED_TAGS", "URL_SCHEMES", "render_instructions"]
 
 
 def render_instructions(text: str) -> str:
-    html = md.markdown(text or "", extensions=["extra", "sane_lists"], output_format="html")
-    return nh3.clean(html, tags=ALLOWED_TAGS, attributes=ALLOWED_ATTRIBUTES, url_schemes=URL_SCHEMES,
-                     link_rel="noopener noreferrer nofollow")
+    return render_markdown(text)

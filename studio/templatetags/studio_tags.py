@@ -185,3 +185,11 @@ def breakable(name: object) -> SafeString:
     (or . - /) but never mid-word, in a narrow side panel (CSS keeps names whole)."""
     parts = _BREAK_AFTER.split(str(name))
     return mark_safe("".join(escape(part) + ("<wbr>" if index % 2 else "") for index, part in enumerate(parts)))  # noqa: S308 - every part is escaped
+
+
+@register.filter(name="markdown")
+def markdown_filter(text: str | None) -> SafeString:
+    """`{{ dataset.description|markdown }}`: Markdown rendered and sanitised (studio/markdown.py)."""
+    from studio.markdown import render_markdown
+
+    return mark_safe(render_markdown(text or ""))  # noqa: S308 - nh3 kept only the allow-listed tags

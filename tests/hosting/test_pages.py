@@ -56,7 +56,8 @@ def test_models_list_and_detail_show_versions_metrics_and_escape_names(teammate,
     assert "validation_accuracy" in body and "biomes-live" in body
     detail = client.get(reverse("model-detail", args=[version.model_id])).content.decode()
     assert 'id="versions-table"' in detail and f"#{demo_job.pk}" in detail
-    assert "label_column=label" in detail and "train: <span class=\"mono\">#" in detail
+    # The training data by name (issue 13: it read "train: #1").
+    assert "label_column=label" in detail and f"train: <a href=\"/datasets/{demo_job.inputs.get().dataset_version.dataset_id}/" in detail
     assert reverse("api-model-version-download", args=[version.model_id, 1]) in detail
     assert "<b>bold</b>" not in detail
 
@@ -76,7 +77,7 @@ def test_endpoint_page_prefills_an_example_row_from_the_schema(viewer, deployed)
     body = login(viewer).get(reverse("endpoint-detail", args=[endpoint.name])).content.decode()
     assert 'id="try-form"' in body and "/api/v1/endpoints/biomes-live/invocations" in body
     assert "&quot;feature_01&quot;:" in body and "&quot;region&quot;:" in body
-    assert "js/endpoint_detail.js" in body
+    assert "js/endpoint_detail." in body  # js/endpoint_detail.<hash>.js
 
 
 def test_reviewers_and_outsiders_cannot_open_model_or_endpoint_pages(reviewer, outsider, deployed):
