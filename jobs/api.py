@@ -18,6 +18,7 @@ from jobs.scripts import ScriptError, store_script
 from jobs.serializers import JobCreateSerializer, JobSerializer, JobSummarySerializer
 from studio.access import get_project_for_user
 from studio.api import ApiError, PaginatedAPIView, field_errors, paginate, project_for_write
+from studio.deletion import ARCHIVED_PARAMETER, DeletionBlocked, blocked_error, destroy_schema, wants_archived
 from studio.models import Project
 from studio.parsers import FormParser, MultiPartParser
 
@@ -32,12 +33,15 @@ def job_detail_queryset():
 class JobListView(PaginatedAPIView):
     @extend_schema(
         parameters=[OpenApiParameter(name, str) for name in ("project", "status", "algorithm", "tag", "search")]
+        + [ARCHIVED_PARAMETER]
         + [OpenApiParameter("dataset", int, description="Jobs that read any version of this dataset")],
         responses=JobSummarySerializer(many=True),
     )
     def get(self, request: Request) -> Response:
         jobs = TrainingJob.objects.filter(project__in=Project.objects.readable_by(request.user)).select_related("project")
         params = request.query_params
+        if not wants_archived(params):
+            jobs = jobs.filter(archived_at__isnull=True)
         if slug := params.get("project"):
             jobs = jobs.filter(project=get_project_for_user(request.user, slug))
         if wanted := params.get("status"):
@@ -77,6 +81,20 @@ class JobDetailView(APIView):
     def get(self, request: Request, pk: int) -> Response:
         get_job_for_user(request.user, pk)
         return Response(JobSerializer(job_detail_queryset().get(pk=pk)).data)
+
+    @destroy_schema(kept=JobSerializer, description="Delete a finished job with its metrics and stored outputs; a "
+                    "job a registered model came from is archived instead (200). A running job: 409, stop it first.")
+    def delete(self, request: Request, pk: int) -> Response:
+        from jobs.deletion import delete_job
+
+        job = get_job_for_user(request.user, pk, write=True)
+        try:
+            outcome, _ = delete_job(job)
+        except DeletionBlocked as exc:
+            raise blocked_error(exc) from exc
+        if outcome == "archived":
+            return Response(JobSerializer(job_detail_queryset().get(pk=pk)).data)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class JobStopView(APIView):

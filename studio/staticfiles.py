@@ -75,7 +75,9 @@ class PlotlyFinder(BaseFinder):
     def find(self, path: str, find_all: bool = False, **kwargs: Any) -> str | list[str]:
         if path == PLOTLY_NAME:
             return [str(self.bundle)] if find_all else str(self.bundle)
-        return [] if find_all else ""
+        # An empty list, as Django's own finders answer: finders.find() wraps any other
+        # falsy answer in a list and returns it as a match (a 500 for every missing file).
+        return []
 
     def list(self, ignore_patterns: Any) -> Iterator[tuple[str, FileSystemStorage]]:
         yield self.bundle.name, self.storage
