@@ -378,6 +378,8 @@ def test_the_flow_page_offers_both_exports_and_the_retrain_says_what_it_trains_a
             '+ 6 reviewed, 2 relabelled), validated on animals v1 as before (40 records)?"') in page
     response = client.post(f"/review/flows/{flow.pk}/export/", {"mode": "reviewed_only"})
     assert DatasetVersion.objects.get(dataset__name=f"{flow.name}-reviewed").num_records is None  # validating
+    again = client.post(f"/review/flows/{flow.pk}/export/", {"mode": "merged"}, follow=True).content.decode()
+    assert "Nothing new: animals v2 already holds exactly this export" in html.unescape(again)
 
 
 def test_the_job_page_warns_when_validation_has_fewer_than_30_records(project, owner, tmp_path):
