@@ -1,7 +1,7 @@
 // The reviewer inbox: Start claims the next item through the reviewer API; the work view
 // shows it (text, a table row, an image, or formatted JSON), its instructions and the
-// model's guess; keys 1–9 pick a label, Enter submits, S skips (releases), and the next
-// item is claimed without a page load. A timer shows the lease; when it runs out the item
+// model's guess and its place ("Item n of N"); N starts, keys 1–9 pick a label, Enter
+// submits, S skips (releases), and the next item is claimed without a page load. A timer shows the lease; when it runs out the item
 // is gone (its slot went back to the queue).
 //
 // Safety: the instructions are HTML that the server rendered from Markdown and sanitised
@@ -29,6 +29,8 @@
   var ticker = null;
   var busy = false;
   var expired = false;
+  var handled = 0;  // items answered or skipped since Start was pressed: the position is handled + 1
+  var countsAsked = 0;  // the latest counts request; an older answer arriving late is dropped
 
   function csrfToken() {
     var field = document.querySelector("input[name=csrfmiddlewaretoken]");  // the sign-out form has one
@@ -238,6 +240,8 @@
     nextButton.hidden = true;
     el("work-title").textContent = item.flow_definition.title || item.flow_definition.name;
     el("work-loop").textContent = item.human_loop;
+    el("work-position").textContent = "Item " + (handled + 1).toLocaleString("en");
+    refreshCounts();  // re-read after every answer and skip; it also sets "of N"
     var instructions = el("work-instructions");
     instructions.innerHTML = item.instructions || "";  // sanitised by the server (review.markdown)
     el("work-instructions-box").hidden = !item.instructions;
@@ -335,6 +339,7 @@
         announce(doneText);
         stopTimer();
         current = null;
+        handled += 1;
         return claim();
       }
       if (result.status === 409) {
@@ -354,12 +359,24 @@
   }
 
   // --- counts ------------------------------------------------------------------------------------
+  // Re-read from the server after every answer, skip and release (and on the list and done
+  // views), never kept from the page load: the table, the heading's total and the work
+  // view's "Item n of N" all come from the latest answer. N = the items done since Start +
+  // the one on screen + those still waiting for this reviewer (in the flow Start was
+  // pressed for, or in all of theirs).
+  function plural(n, one, many) { return n === 1 ? one : many; }
+
   function refreshCounts() {
-    fetch(config.urls.counts, { credentials: "same-origin", headers: { Accept: "application/json" } })
+    var asked = ++countsAsked;
+    return fetch(config.urls.counts, { credentials: "same-origin", cache: "no-store", headers: { Accept: "application/json" } })
       .then(function (response) { return response.ok ? response.json() : null; })
       .then(function (data) {
-        if (!data) return;
+        if (!data || asked !== countsAsked) return;
+        var waiting = 0, answered = 0, waitingHere = 0;
         data.flows.forEach(function (row) {
+          waiting += Number(row.available) || 0;
+          answered += Number(row.answered_today) || 0;
+          if (!flowFilter || String(row.id) === String(flowFilter)) waitingHere += Number(row.available) || 0;
           var tr = document.querySelector('#inbox-table tr[data-flow="' + row.id + '"]');
           if (!tr) return;
           ["available", "held", "answered_today"].forEach(function (name) {
@@ -367,6 +384,18 @@
             if (cell) cell.textContent = Number(row[name]).toLocaleString("en");
           });
         });
+        var summary = el("inbox-summary");
+        if (summary) {
+          summary.textContent = ": " + waiting.toLocaleString("en") + plural(waiting, " item waits", " items wait") + " for you"
+            + (answered ? ", and you answered " + answered.toLocaleString("en") + " today" : "");
+        }
+        if (current && !work.hidden) {
+          var position = el("work-position");
+          position.textContent = "Item " + (handled + 1).toLocaleString("en") + " of "
+            + (handled + 1 + waitingHere).toLocaleString("en");
+          position.title = handled.toLocaleString("en") + " done since Start, this one, and "
+            + waitingHere.toLocaleString("en") + " more waiting for you";
+        }
       })
       .catch(function () { /* the counts are a convenience; the next refresh tries again */ });
   }
@@ -376,12 +405,7 @@
     var target = event.target.closest ? event.target : null;
     if (!target) return;
     var start = target.closest("[data-start]");
-    if (start) {
-      flowFilter = start.getAttribute("data-start") || null;
-      var stale = el("inbox-error");
-      if (stale) stale.remove();
-      return claim();
-    }
+    if (start) return startFrom(start);
     var label = target.closest(".review-label");
     if (label) return pick(Number(label.getAttribute("data-index")));
     if (target.closest("#work-submit")) return answer();
@@ -398,9 +422,29 @@
     }
   });
 
+  function startFrom(button) {
+    if (busy) return;
+    flowFilter = button.getAttribute("data-start") || null;
+    handled = 0;
+    var stale = el("inbox-error");
+    if (stale) stale.remove();
+    claim();
+  }
+
   document.addEventListener("keydown", function (event) {
-    if (work.hidden || event.ctrlKey || event.metaKey || event.altKey) return;
+    if (event.ctrlKey || event.metaKey || event.altKey) return;
     var target = event.target;
+    if (work.hidden) {
+      // N starts (the list's Start reviewing) or checks again (the done view).
+      if (event.key !== "n" && event.key !== "N") return;
+      if (target && (target.tagName === "INPUT" || target.tagName === "SELECT" || target.tagName === "TEXTAREA"
+                     || target.isContentEditable)) return;
+      event.preventDefault();
+      if (!done.hidden) return claim();
+      var startAll = el("start-all");
+      if (!list.hidden && startAll) startFrom(startAll);
+      return;
+    }
     if (target === textArea) {
       if (event.key === "Enter" && !event.shiftKey) {
         event.preventDefault();
