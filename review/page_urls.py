@@ -16,6 +16,7 @@ urlpatterns = [
     path("flows/<int:pk>/", views.flow_detail, name="review-flow"),
     path("flows/<int:pk>/delete/", views_delete.flow_delete, name="review-flow-delete"),
     path("teams/<int:pk>/delete/", views_delete.team_delete, name="review-team-delete"),
+    path("flows/<int:pk>/items/<path:name>/", views.loop_detail, name="review-loop"),  # a loop name may hold "/"
     path("flows/<int:pk>/data/", views.flow_data, name="review-flow-data"),
     path("flows/<int:pk>/export/", views.flow_export, name="review-flow-export"),
     path("flows/<int:pk>/exports/<int:version_pk>/retrain/", views.flow_retrain, name="review-flow-retrain"),

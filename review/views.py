@@ -9,6 +9,7 @@ Export and Retrain post here and call the same actions as the API."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -270,6 +271,32 @@ def flow_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "export_base": export_source.base if export_source else None,
         "highlight": int(highlight) if highlight.isdigit() else None,
         "chart_data_url": reverse("review-flow-data", args=[flow.pk]),
+    })
+
+
+@page(reviewers=True)
+def loop_detail(request: HttpRequest, pk: int, name: str) -> HttpResponse:
+    """One item of a flow: its input, the model's prediction, each reviewer's answer and its
+    status. Readers of the flow's project only, as the flow page (reviewers get 404)."""
+    flow = get_flow_for_reader(request.user, pk)
+    loop = flow.human_loops.filter(name=name).first()
+    if loop is None:
+        raise Http404("No such item in this flow.")
+    assignments = list(loop.assignments.select_related("worker").order_by("claimed_at", "pk"))
+    prediction = loop.prediction if isinstance(loop.prediction, dict) else {}
+    content = loop.input_content if isinstance(loop.input_content, dict) else {}
+    row = content.get("row") if isinstance(content.get("row"), dict) else None
+    text = content.get("text") if isinstance(content.get("text"), str) else None
+    return render(request, "review/loop_detail.html", {
+        "flow": flow,
+        "loop": loop,
+        "assignments": assignments,
+        "prediction_label": prediction.get("label"),
+        "input_row": [(key, value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str))
+                      for key, value in sorted(row.items())] if row is not None else None,
+        "input_text": text,
+        "input_json": json.dumps(loop.input_content, indent=2, ensure_ascii=False, sort_keys=True, default=str),
+        "no_consensus": loop.consolidated_label == NO_CONSENSUS,
     })
 
 
