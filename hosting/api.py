@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from django.http import Http404, HttpResponse
@@ -257,6 +258,21 @@ def _read_body(request: Request) -> bytes:
     return data
 
 
+class _NonFinite(ValueError):
+    """A NaN, Infinity or too-large number in an invocation body (Python's json takes them)."""
+
+
+def _non_finite(literal: str) -> float:
+    raise _NonFinite(literal)
+
+
+def _finite_float(literal: str) -> float:
+    value = float(literal)
+    if not math.isfinite(value):
+        raise _NonFinite(literal)
+    return value
+
+
 class InvocationView(APIView):
     """Lean on purpose (the hot path): no serializer, no pagination; JSON in and out with
     the json module, and the endpoint row read once (see hosting.invocation)."""
@@ -267,7 +283,10 @@ class InvocationView(APIView):
         if endpoint is None:
             raise ApiError(f"No endpoint '{name}'.", code="not_found", status_code=404)
         try:
-            body = json.loads(_read_body(request) or b"null")
+            body = json.loads(_read_body(request) or b"null", parse_constant=_non_finite, parse_float=_finite_float)
+        except _NonFinite as exc:
+            raise ApiError(f"The body holds {exc}, which is not a finite number (JSON has no NaN or Infinity).",
+                           fields={"instances": [f"{exc} is not a finite number"]}) from None
         except (ValueError, UnicodeDecodeError):
             raise ApiError("The body is not valid JSON.") from None
         if not isinstance(body, dict) or "instances" not in body:

@@ -17,6 +17,7 @@ import base64
 import binascii
 import hashlib
 import io
+import math
 import shutil
 import tarfile
 import tempfile
@@ -142,16 +143,15 @@ def _number_ok(value: Any) -> bool:
     if value is None or isinstance(value, bool):
         return value is None
     if isinstance(value, (int, float)):
-        return True
+        return math.isfinite(value)
     if isinstance(value, str):
         text = value.strip()
         if not text:
             return True  # missing: the encoder uses the training mean
         try:
-            float(text)
+            return math.isfinite(float(text))  # "nan" and "inf" are no feature value
         except ValueError:
             return False
-        return True
     return False
 
 
