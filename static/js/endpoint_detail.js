@@ -104,6 +104,7 @@
       instances = JSON.parse(textarea.value);
     } catch (error) {
       clearResult();
+      statusBox.textContent = "";
       showError("The instances are not valid JSON: " + error.message);
       return;
     }
