@@ -267,18 +267,27 @@ class VersionUse:
     kind: str  # "training job" | "batch prediction"
     name: str
     url: str
+    # why deleting it would not free the version: "kept because model 'tab' v1 came from it"
+    # (deleting a job that a registered model came from only archives it)
+    kept_by: str = ""
 
 
 def version_uses(version: DatasetVersion) -> list[VersionUse]:
     """What reads this version (a job's input, a batch prediction's data), first few only."""
     from django.urls import reverse
 
-    from hosting.models import BatchPrediction
+    from hosting.models import BatchPrediction, ModelVersion
     from jobs.models import JobInput
 
-    uses = [VersionUse("training job", name, reverse("job-detail", args=[pk]))
-            for pk, name in JobInput.objects.filter(dataset_version=version).order_by("job_id")
-            .values_list("job_id", "job__name")[:5]]
+    jobs = list(JobInput.objects.filter(dataset_version=version).order_by("job_id")
+                .values_list("job_id", "job__name")[:5])
+    models: dict[int, list[str]] = {}
+    for job_id, model, number in (ModelVersion.objects.filter(job_id__in=[pk for pk, _ in jobs])
+                                  .order_by("model__name", "version").values_list("job_id", "model__name", "version")):
+        models.setdefault(job_id, []).append(f"model '{model}' v{number}")
+    uses = [VersionUse("training job", name, reverse("job-detail", args=[pk]),
+                       f"kept because {', '.join(models[pk])} came from it" if pk in models else "")
+            for pk, name in jobs]
     uses += [VersionUse("batch prediction", f"{pk} (model {model} v{number})", reverse("model-detail", args=[model_id]))
              for pk, model_id, model, number in BatchPrediction.objects.filter(dataset_version=version).order_by("pk")
              .values_list("pk", "model_version__model_id", "model_version__model__name", "model_version__version")[:5]]
@@ -289,9 +298,18 @@ class VersionInUse(Exception):
     def __init__(self, version: DatasetVersion, uses: list[VersionUse]):
         self.version = version
         self.uses = uses
-        named = "; ".join(f"a {u.kind} '{u.name}' ({u.url})" for u in uses)
+        named = "; ".join(f"a {u.kind} '{u.name}' ({u.url}){', ' + u.kept_by if u.kept_by else ''}" for u in uses)
         what = "job" if uses[0].kind == "training job" else uses[0].kind
-        super().__init__(f"{version} is used by {named}: delete that {what} first, or keep this version.")
+        super().__init__(f"{version} is used by {named}: delete that {what} first, or keep this version."
+                         + kept_note(uses))
+
+
+def kept_note(uses: list[VersionUse]) -> str:
+    """The extra step when a job that reads the version is kept for a registered model."""
+    if not any(u.kept_by for u in uses):
+        return ""
+    return (" Deleting a job that a registered model came from only archives it: delete those model versions "
+            "first, then the job.")
 
 
 def _delete_version_locked(version: DatasetVersion, dataset: Dataset) -> str | None:

@@ -219,7 +219,7 @@ def version_delete(request: HttpRequest, pk: int) -> HttpResponse:
             (u.url, u.name) for u in exc.uses if u.kind == kind))) for kind in kinds))
         what = "job" if kinds[0] == "training job" else kinds[0]
         messages.error(request, format_html("{} is used by {}, so it cannot be deleted. Delete that {} first, "
-                                            "or keep this version.", label, named, what))
+                                            "or keep this version.{}", label, named, what, actions.kept_note(exc.uses)))
         return redirect(f"{reverse('dataset-detail', args=[dataset.pk])}?version={version.version}")
     messages.success(request, f"Deleted {label}.")
     if Dataset.objects.filter(pk=dataset.pk).exists():
