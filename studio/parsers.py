@@ -4,6 +4,7 @@ when the row is written. (The URL is checked by studio.middleware.RejectNulMiddl
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from django.http import QueryDict
@@ -47,9 +48,33 @@ def reject_nul(data: Any) -> Any:
     return data
 
 
+def non_finite_field(data: Any, where: str = "") -> str | None:
+    """The dotted name of the first number in `data` that is not finite (json reads 1e400 as
+    inf: no JSON column can store it), else None ("" for the body itself)."""
+    if isinstance(data, float):
+        return where if not math.isfinite(data) else None
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    for key, value in items:
+        found = non_finite_field(value, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def reject_non_finite(data: Any) -> Any:
+    name = non_finite_field(data)
+    if name is not None:
+        from studio.api import ApiError
+
+        label = name or "body"
+        message = "A number too large for a float (JSON has no Infinity)."
+        raise ApiError(f"{label}: {message}", fields={label: [message]})
+    return data
+
+
 class JSONParser(parsers.JSONParser):
     def parse(self, stream, media_type=None, parser_context=None):
-        return reject_nul(super().parse(stream, media_type, parser_context))
+        return reject_non_finite(reject_nul(super().parse(stream, media_type, parser_context)))
 
 
 class FormParser(parsers.FormParser):

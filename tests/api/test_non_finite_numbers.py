@@ -1,0 +1,45 @@
+"""Found by using the studio (helper 9): Python's json reads 1e400 as inf, which no JSON column
+can store, so a body holding it was a 500 when the row was written (a script job's
+hyperparameters: SQLite's JSON_VALID check; PostgreSQL refuses Infinity in jsonb too).
+Such a number is a 400 naming where it is, like a NUL."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from jobs.models import TrainingJob
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def script_uri(owner, client_for) -> str:
+    response = client_for(owner).post("/api/v1/scripts/", {
+        "project": "acme", "file": SimpleUploadedFile("train.py", b"print('hi')\n")}, format="multipart")
+    assert response.status_code in (200, 201), response.content
+    return response.json()["uri"]
+
+
+@pytest.mark.parametrize("literal", ["1e400", "-1e400"])
+def test_a_number_too_large_for_a_float_is_a_400_naming_the_field(owner, client_for, script_uri, literal):
+    body = json.dumps({"project": "acme", "name": "too-big", "script": {"uri": script_uri, "entry_point": "train.py"},
+                       "hyperparameters": {"lr": 0.1, "x": "LITERAL"}}).replace('"LITERAL"', literal)
+    response = client_for(owner).post("/api/v1/jobs/", body, content_type="application/json")
+
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["code"] == "invalid"
+    assert list(error["fields"]) == ["hyperparameters.x"]
+    assert not TrainingJob.objects.filter(name="too-big").exists()
+
+
+def test_large_finite_numbers_still_pass(owner, client_for, script_uri):
+    body = json.dumps({"project": "acme", "name": "big", "script": {"uri": script_uri, "entry_point": "train.py"},
+                       "hyperparameters": {"x": 1e300}})
+    response = client_for(owner).post("/api/v1/jobs/", body, content_type="application/json")
+
+    assert response.status_code == 201, response.content
+    assert response.json()["hyperparameters"]["x"] == 1e300
