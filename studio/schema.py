@@ -9,6 +9,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.plumbing import build_array_type
 from rest_framework import serializers
+from rest_framework.settings import api_settings
 
 from studio.api import PaginatedAPIView
 
@@ -70,6 +71,18 @@ class StudioAutoSchema(AutoSchema):
       ready yet), 413/415 with a body;
     - a download (a binary 200) may instead redirect (302) to a presigned link; a stored
       file documented as application/octet-stream is served with its own type (*/*)."""
+
+    def map_parsers(self) -> list:
+        # A view that keeps the default parsers takes JSON: form and multipart bodies are
+        # still read (a browser form, curl -F), but nested fields (inputs, hyperparameters)
+        # cannot be sent that way, and a generated client sends the first type it is told.
+        # Views that accept uploads name their parsers and are documented as they are.
+        if self.view.parser_classes == api_settings.DEFAULT_PARSER_CLASSES:
+            return ["application/json"]
+        media_types = super().map_parsers()
+        if "multipart/form-data" in media_types:  # says all a urlencoded form can, and files
+            media_types = [media for media in media_types if media != "application/x-www-form-urlencoded"]
+        return media_types
 
     def get_tags(self) -> list[str]:
         parts = [part for part in self.path.split("/") if part]

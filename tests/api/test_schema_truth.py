@@ -116,3 +116,17 @@ def test_operations_are_grouped_per_resource(schema):
     assert {"jobs", "datasets", "dataset-versions", "models", "endpoints", "tuning-jobs", "flow-definitions",
             "human-loops", "work-teams", "projects", "tokens", "nodes", "review"} <= set(tags)
     assert "v1" not in tags
+
+
+def test_json_bodies_are_documented_as_json_only_uploads_as_multipart(schema):
+    """A generated client sends the first content type it finds: a job (nested inputs and
+    hyperparameters) sent as a form cannot be read, so an operation that takes JSON
+    documents JSON alone; the upload operations keep multipart."""
+    job_create = schema["paths"]["/api/v1/jobs/"]["post"]["requestBody"]["content"]
+    assert list(job_create) == ["application/json"]
+    for path, method, op in operations(schema):
+        content = list(op.get("requestBody", {}).get("content", {}))
+        if method == "post" and path in ("/api/v1/datasets/", "/api/v1/scripts/"):
+            assert "multipart/form-data" in content, (method, path)
+        elif content:
+            assert content == ["application/json"], (method, path, content)
