@@ -3,6 +3,7 @@ studio.authentication, which DRF imports while it loads)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.core.exceptions import PermissionDenied, RequestDataTooBig, SuspiciousOperation
@@ -98,6 +99,17 @@ def error_body(code: str, message: str, fields: dict[str, Any] | None = None) ->
     return {"error": {"code": code, "message": message, "fields": fields or {}}}
 
 
+# get_object_or_404 says "No TrainingJob matches the given query.": a class name, not words.
+_MODEL_NOT_FOUND = re.compile(r"^No (?P<model>[A-Za-z]+) matches the given query\.$")
+
+
+def not_found_message(message: str) -> str:
+    if match := _MODEL_NOT_FOUND.match(message):
+        noun = re.sub(r"(?<!^)(?=[A-Z])", " ", match["model"]).lower()
+        return f"No such {noun} in the projects you can see."
+    return message or "Not found."
+
+
 def error_envelope_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """Every API error as {"error": {"code", "message", "fields"}} (SPEC §6)."""
     if isinstance(exc, RequestDataTooBig):
@@ -105,7 +117,7 @@ def error_envelope_handler(exc: Exception, context: dict[str, Any]) -> Response 
     elif isinstance(exc, SuspiciousOperation):  # e.g. TooManyFieldsSent: more than 1,000 form fields
         exc = ApiError(f"The request was refused: {exc}")
     elif isinstance(exc, Http404):
-        exc = exceptions.NotFound(str(exc) if str(exc) else "Not found.")
+        exc = exceptions.NotFound(not_found_message(str(exc)))
     elif isinstance(exc, PermissionDenied):
         exc = exceptions.PermissionDenied(str(exc) or None)
     response = exception_handler(exc, context)

@@ -40,3 +40,15 @@ def test_a_claim_from_a_flow_id_past_the_id_column_is_a_400(owner, client_for):
     response = client_for(owner).post("/api/v1/review/claim/", {"flow_definition": 2**70}, format="json")
     assert response.status_code == 400, response.content[:300]
     assert list(response.json()["error"]["fields"]) == ["flow_definition"]
+
+
+@pytest.mark.parametrize(("path", "noun"), [
+    ("/api/v1/jobs/999999/", "training job"),
+    ("/api/v1/dataset-versions/999999/", "dataset version"),
+    ("/api/v1/human-loops/no-such-loop/", "human loop"),
+])
+def test_not_found_says_what_in_words_not_a_class_name(owner, client_for, path, noun):
+    response = client_for(owner).get(path)
+    assert response.status_code == 404
+    message = response.json()["error"]["message"]
+    assert noun in message and "matches the given query" not in message, message
