@@ -13,7 +13,7 @@ from rest_framework.views import APIView
 from jobs import actions
 from jobs.access import get_job_for_user
 from jobs.actions import JobError, NotStoppable
-from jobs.models import JobEvent, JobInput, TrainingJob
+from jobs.models import JobEvent, JobInput, JobStatus, TrainingJob
 from jobs.scripts import ScriptError, store_script
 from jobs.serializers import JobCreateSerializer, JobSerializer, JobSummarySerializer
 from studio.access import get_project_for_user
@@ -45,7 +45,11 @@ class JobListView(PaginatedAPIView):
         if slug := params.get("project"):
             jobs = jobs.filter(project=get_project_for_user(request.user, slug))
         if wanted := params.get("status"):
-            jobs = jobs.filter(status__in=wanted.split(","))
+            statuses = wanted.split(",")
+            if unknown := [value for value in statuses if value not in JobStatus.values]:
+                raise ApiError(f"Unknown status {unknown[0]!r}; use one or more of {', '.join(JobStatus.values)}, "
+                               "comma-separated.", fields={"status": [f"Unknown status {unknown[0]!r}."]})
+            jobs = jobs.filter(status__in=statuses)
         if algorithm := params.get("algorithm"):
             jobs = jobs.filter(algorithm=algorithm)
         if dataset := params.get("dataset"):

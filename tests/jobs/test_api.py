@@ -211,6 +211,14 @@ def test_list_filters(owner, client_for, ready_version):
     assert names("status=Pending") == ["alpha", "beta"]
     assert names("algorithm=image-classifier") == []
     assert names(f"dataset={ready_version.dataset_id}") == ["alpha", "beta"]
+    assert names("status=Pending,Completed") == ["alpha", "beta"]
+
+
+@pytest.mark.parametrize("query", ["status=Nope", "status=pending", "status=Pending,", "status=Pending,Runing"])
+def test_an_unknown_status_filter_is_a_400_naming_status(owner, client_for, query):
+    response = client_for(owner).get(f"/api/v1/jobs/?{query}")
+    assert response.status_code == 400
+    assert "status" in response.json()["error"]["fields"]
 
 
 def test_algorithms_endpoint_lists_schemas(owner, client_for):
