@@ -316,6 +316,16 @@ def flow_export(request: HttpRequest, pk: int) -> HttpResponse:
     check_role(request.user, flow.project, write=True)
     name = request.POST.get("dataset", "").strip() or None
     mode = request.POST.get("mode", "").strip() or None
+    if request.POST.get("confirmed") != "1":
+        # The page's script asks first (a dialog with the preview's sentence) and marks the post
+        # confirmed; a post without it (a click before the script ran) gets the same question here.
+        try:
+            preview = actions.preview_export(flow, mode, name)
+        except ReviewError as exc:
+            messages.error(request, f"Export failed: {exc.message}")
+            return redirect("review-flow", pk=flow.pk)
+        return render(request, "review/export_confirm.html",
+                      {"flow": flow, "project": flow.project, "preview": preview, "mode": mode or "", "dataset": name or ""})
     try:
         version = actions.export_flow(flow, request.user, name, mode)
     except ReviewError as exc:

@@ -101,7 +101,7 @@
   "use strict";
 
   var form = document.getElementById("export-form");
-  if (!form || !form.querySelector('input[name="mode"]')) return;
+  if (!form) return;
   var url = form.getAttribute("data-preview-url");
   var error = document.getElementById("export-error");
   var button = document.getElementById("export-button");
@@ -128,7 +128,7 @@
     busy = true;
     button.disabled = true;
     error.hidden = true;
-    fetch(url + "?mode=" + encodeURIComponent(chosen ? chosen.value : ""),
+    fetch(chosen ? url + "?mode=" + encodeURIComponent(chosen.value) : url,
           { credentials: "same-origin", headers: { Accept: "application/json" } })
       .then(function (response) {
         return response.json().then(function (body) { return { ok: response.ok, body: body }; });
@@ -140,7 +140,10 @@
           fail(firstMessage(result.body) || "The export cannot be made.");
           return;
         }
-        if (window.confirm(result.body.confirm)) form.submit();
+        if (window.confirm(result.body.confirm)) {
+          form.querySelector('input[name="confirmed"]').value = "1";
+          form.submit();
+        }
       })
       .catch(function () {
         busy = false;

@@ -110,6 +110,7 @@ def test_reviewer_labels_three_items_by_keyboard_then_the_export_is_a_dataset_ve
     page.goto(f"{base}/review/flows/{flow.pk}/")
     assert page.locator("#stat-completed .stat-value").inner_text() == "3"
     page.locator("#confusion-chart .main-svg").first.wait_for()
+    page.once("dialog", lambda dialog: dialog.accept())  # the confirm that says what the export holds
     page.click("#export-button")
     page.wait_for_url(re.compile(rf"/review/flows/{flow.pk}/\?exported=\d+#exports$"))
     version = DatasetVersion.objects.get(source_kind=SourceKind.REVIEW)

@@ -368,7 +368,7 @@ def test_the_flow_page_offers_both_exports_and_the_retrain_says_what_it_trains_a
     page = client.get(f"/review/flows/{flow.pk}/").content.decode()
     assert 'name="mode" value="merged" checked' in page and 'name="mode" value="reviewed_only"' in page
     assert f'data-preview-url="/api/v1/flow-definitions/{flow.pk}/export/preview/"' in page
-    response = client.post(f"/review/flows/{flow.pk}/export/", {"mode": "merged"})
+    response = client.post(f"/review/flows/{flow.pk}/export/", {"mode": "merged", "confirmed": "1"})
     version = DatasetVersion.objects.get(dataset=train.dataset, version=2)
     assert response.status_code == 302 and response["Location"].endswith(f"?exported={version.pk}#exports")
     ready(version)
@@ -376,9 +376,9 @@ def test_the_flow_page_offers_both_exports_and_the_retrain_says_what_it_trains_a
     assert "60 rows of animals v1 + 6 reviewed, 2 relabelled" in page
     assert (f'data-confirm="Start a training job: a clone of {job.name}, trained on animals v2 (60 rows of animals v1 '
             '+ 6 reviewed, 2 relabelled), validated on animals v1 as before (40 records)?"') in page
-    response = client.post(f"/review/flows/{flow.pk}/export/", {"mode": "reviewed_only"})
+    response = client.post(f"/review/flows/{flow.pk}/export/", {"mode": "reviewed_only", "confirmed": "1"})
     assert DatasetVersion.objects.get(dataset__name=f"{flow.name}-reviewed").num_records is None  # validating
-    again = client.post(f"/review/flows/{flow.pk}/export/", {"mode": "merged"}, follow=True).content.decode()
+    again = client.post(f"/review/flows/{flow.pk}/export/", {"mode": "merged", "confirmed": "1"}, follow=True).content.decode()
     assert "Nothing new: animals v2 already holds exactly this export" in html.unescape(again)
 
 

@@ -206,13 +206,29 @@ def test_export_button_makes_a_dataset_version_listed_on_the_flow_page(two_teams
     flow_a, _ = two_teams
     complete_all(flow_a, reviewer, lambda loop: "bird")
     client = signed_in(teammate)
-    response = client.post(f"/review/flows/{flow_a.pk}/export/")
+    response = client.post(f"/review/flows/{flow_a.pk}/export/", {"confirmed": "1"})
     version = DatasetVersion.objects.get()
     assert response.status_code == 302 and response.url == f"/review/flows/{flow_a.pk}/?exported={version.pk}#exports"
     assert version.source_kind == SourceKind.REVIEW and version.dataset.name == "animals-reviewed"
     page = client.get(response.url).content.decode()
     assert f'href="/datasets/{version.dataset_id}/?version=1"' in page and 'class="is-highlight"' in page
     assert "Exported to animals-reviewed v1" in page
+
+
+def test_an_export_posted_without_the_pages_confirm_asks_first(two_teams, teammate, reviewer):
+    """A click before the page's script ran posts the form as it is: the server asks the same
+    question as the dialog, and only its confirm button makes the version."""
+    flow_a, _ = two_teams
+    complete_all(flow_a, reviewer, lambda loop: "bird")
+    client = signed_in(teammate)
+    response = client.post(f"/review/flows/{flow_a.pk}/export/", {"mode": ""})
+    page = response.content.decode()
+    assert response.status_code == 200 and 'id="export-confirm-text"' in page and "animals-reviewed v1" in page
+    assert not DatasetVersion.objects.exists()
+    confirm = re.search(r'<form class="actions" method="post" action="([^"]+)">', page)
+    assert confirm and 'name="confirmed" value="1"' in page
+    response = client.post(confirm.group(1), {"confirmed": "1", "mode": "", "dataset": ""})
+    assert response.status_code == 302 and DatasetVersion.objects.count() == 1
 
 
 def test_export_with_nothing_completed_says_why(two_teams, teammate):
@@ -253,7 +269,7 @@ def test_retrain_button_clones_the_source_job_onto_the_export(project, owner, re
     assert complete_all(flow, reviewer, lambda loop: "pos" if loop.input_content["row"]["x1"] > 3 else "neg") == 12
     client = signed_in(teammate)
     # Every reviewed row is a training row with the same label: a merge would change nothing.
-    client.post(f"/review/flows/{flow.pk}/export/", {"mode": "reviewed_only"})
+    client.post(f"/review/flows/{flow.pk}/export/", {"mode": "reviewed_only", "confirmed": "1"})
     version = DatasetVersion.objects.get(source_kind=SourceKind.REVIEW)
     assert run_validation(version.pk) == VersionStatus.READY
     page = client.get(f"/review/flows/{flow.pk}/").content.decode()
@@ -315,7 +331,7 @@ def test_retrain_without_a_source_model_says_why(two_teams, teammate, reviewer):
     flow_a, _ = two_teams
     complete_all(flow_a, reviewer)
     client = signed_in(teammate)
-    client.post(f"/review/flows/{flow_a.pk}/export/")
+    client.post(f"/review/flows/{flow_a.pk}/export/", {"confirmed": "1"})
     version = DatasetVersion.objects.get()
     response = client.post(f"/review/flows/{flow_a.pk}/exports/{version.pk}/retrain/", follow=True)
     assert response.redirect_chain[-1][0] == f"/review/flows/{flow_a.pk}/#exports"
