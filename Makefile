@@ -26,7 +26,7 @@ test: venv
 
 lint: venv
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy studio datasets jobs hosting review trainyard tuning
+	$(VENV)/bin/mypy studio datasets jobs hosting review trainyard algorithms tuning
 
 bench: venv
 	$(PY) bench/datasets.py

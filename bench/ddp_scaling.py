@@ -54,7 +54,7 @@ def run(processes: int, threads: int | None, hps: dict, text: dict[str, Path], w
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                           str(processes), "-m", "jobs.algorithms.charlm"], cwd=base, env=env, capture_output=True,
+                           str(processes), "-m", "algorithms.charlm"], cwd=base, env=env, capture_output=True,
                           text=True, timeout=900)
     found = STEPS_LINE.findall(done.stdout + done.stderr)
     if done.returncode != 0 or not found:

@@ -61,7 +61,7 @@ def prepare(data_dir: Path) -> tuple[str, list[dict], Path]:
     from jobs.runner.artifacts import upload_archive
     from studio import actions
     from studio.models import Role
-    from tests.jobs.test_algorithms import JobDir, assert_ok, run_in_process
+    from tests.algorithms.test_algorithms import JobDir, assert_ok, run_in_process
 
     call_command("migrate", interactive=False, verbosity=0)
     project = actions.create_project(slug="bench", name="Bench")
@@ -74,7 +74,7 @@ def prepare(data_dir: Path) -> tuple[str, list[dict], Path]:
     with open(files["train.csv"], newline="") as inp, open(job_dir.channel("train") / "train.csv", "w", newline="") as out:
         out.writelines(islice(inp, 1501))
     started = time.monotonic()
-    assert_ok(run_in_process(job_dir, "jobs.algorithms.tabular"))
+    assert_ok(run_in_process(job_dir, "algorithms.tabular"))
     print(f"trained the demo tabular model (1,500 rows, 3 epochs) in {time.monotonic() - started:.1f} s")
     uri = object_uri("bench/model.tar.gz")
     upload_archive(job_dir.model, uri)
@@ -90,7 +90,7 @@ def prepare(data_dir: Path) -> tuple[str, list[dict], Path]:
 
 
 def baseline(model_dir: Path, row: dict) -> list[float]:
-    from jobs.algorithms.predict import load_predictor
+    from algorithms.predict import load_predictor
 
     predictor = load_predictor(model_dir)
     for _ in range(50):

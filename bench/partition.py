@@ -4,16 +4,16 @@
 
     python bench/partition.py [--steps 20] [--repeat 3] [--stages 2 3] [--vocabulary 3000]
 
-The model is char-lm's own stack (jobs.algorithms.charlm.build_layers) with a huge
+The model is char-lm's own stack (algorithms.charlm.build_layers) with a huge
 vocabulary: a big embedding (cheap to run, many parameters), 8 transformer blocks and an
 output head over the vocabulary that costs as much as several blocks. For each stage
 count and partition it prints
 1. predicted balance: slowest stage ÷ mean stage, from the profile and the cost model
-   (jobs.algorithms.partition) the pipeline itself uses;
+   (algorithms.partition) the pipeline itself uses;
 2. measured balance: each stage run for real, alone, on this machine (one thread, the
    forward and backward of a whole step's microbatches, median of --steps);
 3. pipeline step: the wall time of a training step of a real two-process pipeline
-   (torch.distributed.run, gloo, one thread each: jobs.algorithms.pipeline's StageRunner
+   (torch.distributed.run, gloo, one thread each: algorithms.pipeline's StageRunner
    over torch.distributed.pipelining, GPipe) — its fastest step and its median step —
    with its stages' own compute balance ("in-pipeline"). Runs of the two partitions
    alternate, --repeat times, and the best of each is compared: on a shared machine the
@@ -48,7 +48,7 @@ def architecture(vocabulary: int) -> dict:
 def build(vocabulary: int):
     import torch
 
-    from jobs.algorithms.charlm import build_layers, layer_names
+    from algorithms.charlm import build_layers, layer_names
 
     torch.manual_seed(0)
     config = architecture(vocabulary)
@@ -68,7 +68,7 @@ def measure_stages(layers, ranges, vocabulary: int, steps: int) -> list[float]:
     output's shape (the last stage from the loss), as the pipeline runs it; median ms."""
     import torch
 
-    from jobs.algorithms.pipeline import summed_cross_entropy
+    from algorithms.pipeline import summed_cross_entropy
 
     inputs, targets = batch(vocabulary, BATCH)
     micro_inputs, micro_targets = inputs.chunk(MICROBATCHES), targets.chunk(MICROBATCHES)
@@ -116,7 +116,7 @@ def worker(ranges: list[list[int]], vocabulary: int, steps: int) -> None:
 
     import torch
 
-    from jobs.algorithms.pipeline import PipelineSettings, StageRunner
+    from algorithms.pipeline import PipelineSettings, StageRunner
 
     torch.distributed.init_process_group("gloo")
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -164,8 +164,8 @@ def main() -> int:
 
     import torch
 
-    from jobs.algorithms.partition import CostModel, auto_partition, balance, even_partition, profile_layers
-    from jobs.algorithms.pipeline import BANDWIDTH_BYTES_PER_MS, summed_cross_entropy
+    from algorithms.partition import CostModel, auto_partition, balance, even_partition, profile_layers
+    from algorithms.pipeline import BANDWIDTH_BYTES_PER_MS, summed_cross_entropy
 
     torch.set_num_threads(1)  # as each pipeline process runs
     started = time.monotonic()

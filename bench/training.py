@@ -3,7 +3,7 @@
 
     python bench/training.py [--epochs 40] [--repeat 2]
 
-1. Bare: `python -m jobs.algorithms.tabular` in one process over the demo tabular data, with
+1. Bare: `python -m algorithms.tabular` in one process over the demo tabular data, with
    the SM_* environment of a hand-made job directory (no studio, no torchrun, no Redis).
 2. As a job: the same algorithm, data and hyperparameters submitted to a real studio
    (SQLite in a temporary data dir, an embedded Redis when REDIS_URL is unset, one real
@@ -57,7 +57,7 @@ def run_bare(data: dict[str, Path], hyperparameters: dict, work: Path) -> float:
         "SM_HOSTS": json.dumps(["bare"]), "SM_CURRENT_HOST": "bare", "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
         **{f"SM_CHANNEL_{k.upper()}": v for k, v in channels.items()},
     }
-    done = subprocess.run([sys.executable, "-m", "jobs.algorithms.tabular"], cwd=base, env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "algorithms.tabular"], cwd=base, env=env, capture_output=True,
                           text=True, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"bare run failed ({done.returncode}):\n{done.stderr[-3000:]}")

@@ -94,7 +94,7 @@ MAX_WARNINGS = 20
 
 
 def _category(value: Any) -> str:
-    """A value as the tabular encoder compares it with its vocabulary (jobs/algorithms/tabular.py)."""
+    """A value as the tabular encoder compares it with its vocabulary (algorithms/tabular.py)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float) and value.is_integer():

@@ -108,7 +108,7 @@ def predictor_for(version: ModelVersion) -> Any:
             predictor = _loaded.get(key)
             if predictor is not None:
                 return predictor
-        from jobs.algorithms.predict import load_predictor
+        from algorithms.predict import load_predictor
 
         predictor = load_predictor(model_dir(version))
         with _lock:
@@ -132,7 +132,7 @@ def clear_cache() -> None:
 
 def warm_torch() -> None:
     """Import torch now rather than in the first request (gunicorn's post_fork may call it)."""
-    import jobs.algorithms.predict  # noqa: F401
+    import algorithms.predict  # noqa: F401
 
 
 # --- instances ------------------------------------------------------------------------------

@@ -77,8 +77,8 @@ def resolve_inputs(project: Project, raw: dict) -> list[ResolvedInput]:
 
 
 def check_algorithm(name: str, hyperparameters: dict, inputs: list[ResolvedInput]) -> dict:
-    from jobs.algorithms import ALGORITHMS, get_algorithm
-    from jobs.algorithms.base import DataFacts, data_problem, validate_hyperparameters
+    from algorithms import ALGORITHMS, get_algorithm
+    from algorithms.base import DataFacts, data_problem, validate_hyperparameters
 
     spec = get_algorithm(name)
     if spec is None:
@@ -118,7 +118,7 @@ def check_distribution(algorithm: str, distribution: str, pipeline: dict, hyperp
     stage and, for a built-in, a partition that fits the model's layers."""
     spec = None
     if algorithm:
-        from jobs.algorithms import get_algorithm
+        from algorithms import get_algorithm
 
         spec = get_algorithm(algorithm)
         if spec is not None and distribution not in spec.distributions:

@@ -115,7 +115,7 @@ class JobStopView(APIView):
 class AlgorithmListView(APIView):
     @extend_schema(responses=OpenApiTypes.OBJECT)
     def get(self, request: Request) -> Response:
-        from jobs.algorithms import ALGORITHMS
+        from algorithms import ALGORITHMS
 
         results = [spec.as_json() for _, spec in sorted(ALGORITHMS.items())]
         return Response({"count": len(results), "next": None, "previous": None, "results": results})

@@ -92,7 +92,7 @@ def key_metric(job: TrainingJob) -> tuple[str, Any] | None:
     metrics = job.final_metrics or {}
     if not metrics:
         return None
-    from jobs.algorithms import get_algorithm
+    from algorithms import get_algorithm
 
     spec = get_algorithm(job.algorithm) if job.algorithm else None
     objective = spec.default_objective.get("metric") if spec else None
@@ -166,7 +166,7 @@ def _list_inputs() -> Prefetch:
 
 @page
 def job_list(request: HttpRequest) -> HttpResponse:
-    from jobs.algorithms import ALGORITHMS
+    from algorithms import ALGORITHMS
 
     projects = readable_projects(request)
     visible = TrainingJob.objects.filter(project__in=projects)
@@ -208,8 +208,8 @@ def job_list(request: HttpRequest) -> HttpResponse:
 # --- create / clone -------------------------------------------------------------------------
 def ready_versions(projects: Iterable[Project]) -> list[dict]:
     """Every ready version of these projects (by dataset, newest first) for the channel pickers,
-    with the facts the form checks each algorithm against (jobs.algorithms.base.data_problem)."""
-    from jobs.algorithms.base import DataFacts
+    with the facts the form checks each algorithm against (algorithms.base.data_problem)."""
+    from algorithms.base import DataFacts
 
     versions = list(DatasetVersion.objects.filter(dataset__project__in=list(projects), status=VersionStatus.READY)
                     .select_related("dataset__project")
@@ -241,7 +241,7 @@ def _clone_payload(job: TrainingJob) -> dict:
 @page
 def job_create(request: HttpRequest) -> HttpResponse:
     """The form; the browser sends it as JSON to POST /api/v1/jobs/ (static/js/job_form.js)."""
-    from jobs.algorithms import ALGORITHMS
+    from algorithms import ALGORITHMS
 
     writable = [entry.project for entry in project_roles(request) if entry.can_write]
     if not writable:
@@ -285,7 +285,7 @@ def _detail_queryset() -> QuerySet[TrainingJob]:
 
 def declared_metric_names(job: TrainingJob) -> list[str]:
     """Series the job says it will report, so their charts exist before the first point."""
-    from jobs.algorithms import get_algorithm
+    from algorithms import get_algorithm
 
     spec = get_algorithm(job.algorithm) if job.algorithm else None
     definitions = list(spec.metric_definitions) if spec else []

@@ -61,8 +61,8 @@ def check_tuning_job(project: Project, data: dict) -> dict:
 
 
 def _check_algorithm_ranges(algorithm: str, tuned: dict[str, dict], objective: dict | None, base: dict) -> dict:
-    from jobs.algorithms import ALGORITHMS, get_algorithm
-    from jobs.algorithms.base import validate_hyperparameters
+    from algorithms import ALGORITHMS, get_algorithm
+    from algorithms.base import validate_hyperparameters
 
     spec = get_algorithm(algorithm)
     if spec is None:

@@ -127,7 +127,7 @@ def proposed_ranges(job: TrainingJob) -> dict[str, dict]:
     """Ranges for the job's numeric hyperparameters. A built-in algorithm's schema gives
     each one's type and bounds (a categorical integer, like image channels, is left alone);
     a script's hyperparameters are typed by their values."""
-    from jobs.algorithms import get_algorithm
+    from algorithms import get_algorithm
 
     values = dict(job.hyperparameters or {})
     spec = get_algorithm(job.algorithm) if job.algorithm else None
@@ -180,7 +180,7 @@ def base_job_of(job: TrainingJob, tuned: set[str]) -> dict[str, Any]:
 def objective_of(job: TrainingJob) -> dict[str, str]:
     """The algorithm's default objective; for a script, its first validation metric
     (maximized when it reads like an accuracy, minimized otherwise)."""
-    from jobs.algorithms import get_algorithm
+    from algorithms import get_algorithm
 
     spec = get_algorithm(job.algorithm) if job.algorithm else None
     if spec is not None:

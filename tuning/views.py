@@ -148,7 +148,7 @@ def _warm_start_choices(projects: list) -> list[dict]:
 def tuning_create(request: HttpRequest) -> HttpResponse:
     """The form; the browser sends it as JSON to POST /api/v1/tuning-jobs/ (static/js/tuning_form.js).
     ?from_job=<id> pre-fills everything from that job ("Tune this")."""
-    from jobs.algorithms import ALGORITHMS
+    from algorithms import ALGORITHMS
 
     writable = [entry.project for entry in project_roles(request) if entry.can_write]
     if not writable:

@@ -198,7 +198,7 @@ class NodeRun:
                      staged.bytes, staged.cached)
         args: list[str] = []
         if self.job.algorithm:
-            from jobs.algorithms import entry_module
+            from algorithms import entry_module
 
             try:
                 module, script = entry_module(self.job.algorithm), ""

@@ -237,7 +237,7 @@ def build_environment(job_dir: JobDir, facts: LaunchFacts, base: Mapping[str, st
         # Temporary files die with the job directory instead of filling /tmp.
         "TMPDIR": str(job_dir.tmp_dir),
         # The script's own folder comes first (Python puts it on sys.path itself); the
-        # repository root makes `-m jobs.algorithms.<x>` and `import trainyard` work.
+        # repository root makes `-m algorithms.<x>` and `import trainyard` work.
         "PYTHONPATH": os.pathsep.join(p for p in (str(job_dir.code_dir), str(REPO_ROOT),
                                                   facts.environment.get("PYTHONPATH", "")) if p),
         "PYTHONNOUSERSITE": "1",

@@ -12,10 +12,10 @@ import re
 import pytest
 from PIL import Image
 
+from algorithms import ALGORITHMS
+from algorithms.base import DataFacts, data_problem
 from datasets.actions import VersionOptions, register_local_files
 from datasets.validation_run import run_validation
-from jobs.algorithms import ALGORITHMS
-from jobs.algorithms.base import DataFacts, data_problem
 from studio import actions
 from studio.models import Role
 from tests.e2e import test_dataset_upload as dataset_pages

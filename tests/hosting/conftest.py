@@ -33,7 +33,7 @@ def _head(source: Path, target: Path, rows: int) -> None:
 def demo_model_artifact(isolated_storage, tmp_path_factory) -> dict:
     from datasets.demo import write_tabular
     from jobs.runner.artifacts import upload_archive
-    from tests.jobs.test_algorithms import JobDir, assert_ok, run_in_process
+    from tests.algorithms.test_algorithms import JobDir, assert_ok, run_in_process
 
     root = tmp_path_factory.mktemp("demo-model")
     demo = root / "demo"
@@ -42,7 +42,7 @@ def demo_model_artifact(isolated_storage, tmp_path_factory) -> dict:
     job = JobDir(root / "job", HYPERPARAMETERS)
     _head(files["train.csv"], job.channel("train") / "train.csv", TRAIN_ROWS)
     _head(files["validation.csv"], job.channel("validation") / "validation.csv", 300)
-    assert_ok(run_in_process(job, "jobs.algorithms.tabular"))
+    assert_ok(run_in_process(job, "algorithms.tabular"))
     uri = object_uri("tests/demo-tabular/model.tar.gz")
     upload_archive(job.model, uri)
     held = root / "held.csv"  # validation rows the model never saw: what the tests predict on

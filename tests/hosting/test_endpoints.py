@@ -54,7 +54,7 @@ def test_create_by_model_name_and_invoke_one_row(owner, client_for, model_versio
 
 def test_many_rows_predict_like_the_predictor_and_accept_lists_in_column_order(owner, client_for, endpoint,
                                                                                 demo_model_artifact):
-    from jobs.algorithms.predict import load_predictor
+    from algorithms.predict import load_predictor
 
     rows = [features(row) for row in held_rows(demo_model_artifact)[:200]]
     body = invoke(client_for(owner), rows).json()

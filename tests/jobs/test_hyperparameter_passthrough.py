@@ -57,7 +57,7 @@ def test_script_arguments_are_sorted_name_value_pairs_in_sagemakers_forms():
     assert script_arguments({}) == []
 
 
-@pytest.mark.parametrize("target", [{"script": "train.py"}, {"module": "jobs.algorithms.tabular"}])
+@pytest.mark.parametrize("target", [{"script": "train.py"}, {"module": "algorithms.tabular"}])
 def test_torchrun_passes_every_argument_untouched(tmp_path, target):
     spec = LaunchSpec(job_id=1, attempt=1, python="/venv/bin/python", spool_dir=tmp_path, args=EXPECTED_ARGV,
                       nproc_per_node=2, **target)

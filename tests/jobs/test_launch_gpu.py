@@ -20,7 +20,7 @@ def value_after(command: list[str], flag: str) -> str:
 
 
 def test_a_gpu_node_runs_one_process_per_gpu_on_nccl_with_its_safety_variables(tmp_path):
-    spec = LaunchSpec(job_id=3, attempt=1, python=PY, spool_dir=tmp_path, module="jobs.algorithms.charlm", gpus=4)
+    spec = LaunchSpec(job_id=3, attempt=1, python=PY, spool_dir=tmp_path, module="algorithms.charlm", gpus=4)
 
     command = build_command(spec)
     env = launch_environment(spec)
@@ -42,7 +42,7 @@ def test_an_explicit_process_count_on_a_gpu_node_still_uses_nccl(tmp_path):
 
 def test_gpu_nodes_of_one_job_meet_at_node_0s_static_rendezvous(tmp_path):
     endpoint = "10.0.0.5:29400"
-    specs = [LaunchSpec(job_id=9, attempt=3, python=PY, spool_dir=tmp_path, module="jobs.algorithms.charlm", gpus=4,
+    specs = [LaunchSpec(job_id=9, attempt=3, python=PY, spool_dir=tmp_path, module="algorithms.charlm", gpus=4,
                         nnodes=2, node_rank=rank, rendezvous_endpoint=endpoint) for rank in (0, 1)]
 
     for rank, spec in enumerate(specs):
@@ -55,7 +55,7 @@ def test_gpu_nodes_of_one_job_meet_at_node_0s_static_rendezvous(tmp_path):
         assert value_after(command, "--rdzv_endpoint") == endpoint
         assert value_after(command, "--rdzv_id") == "job-9-3"
         assert value_after(command, "--max_restarts") == "0"
-        assert command[-3:] == ["--module", "--", "jobs.algorithms.charlm"]
+        assert command[-3:] == ["--module", "--", "algorithms.charlm"]
         assert launch_environment(spec)["TRAINYARD_DIST_BACKEND"] == "nccl"
     retry = LaunchSpec(job_id=9, attempt=4, python=PY, spool_dir=tmp_path, module="m", gpus=4, nnodes=2,
                        rendezvous_endpoint=endpoint)
@@ -76,7 +76,7 @@ def test_the_cpu_form_runs_one_process_on_gloo_without_nccl_variables(tmp_path):
 def test_the_job_environment_counts_the_nodes_gpus_and_passes_the_workers_gpu_settings(tmp_path):
     job_dir = JobDir(tmp_path / "job")
     facts = LaunchFacts(job_id=5, job_name="lm", attempt=1, node_rank=0, hosts=["gpu-a", "gpu-b"], hyperparameters={},
-                        channels={"train": "file"}, entry_point="jobs.algorithms.charlm", num_gpus=4, num_cpus=32,
+                        channels={"train": "file"}, entry_point="algorithms.charlm", num_gpus=4, num_cpus=32,
                         redis_url="redis://r:6379/0")
     worker = {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0,1,2,3", "NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_DISABLE": "1",
               "DATABASE_URL": "postgres://secret"}

@@ -171,7 +171,7 @@ def assert_worker_runs_a_good_job(make_job) -> None:
 
 
 def test_a_built_in_algorithm_on_a_split_dataset_completes(node, make_job, make_version, capsys):
-    """tabular-classifier through `-m jobs.algorithms.tabular`, reading the split's train and
+    """tabular-classifier through `-m algorithms.tabular`, reading the split's train and
     validation records; also measures submit → first training step, cold (no warm pool)."""
     rows = "a,b,label\n" + "".join(f"{i % 7},{(i * 3) % 11},{'big' if (i % 7) + (i * 3) % 11 > 8 else 'small'}\n"
                                    for i in range(200))

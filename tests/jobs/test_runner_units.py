@@ -33,12 +33,12 @@ PY = "/venv/bin/python"
 
 # --- launch -------------------------------------------------------------------------------------
 def test_single_node_launch_is_standalone(tmp_path):
-    spec = LaunchSpec(job_id=7, attempt=2, python=PY, spool_dir=tmp_path, module="jobs.algorithms.tabular", nproc_per_node=2)
+    spec = LaunchSpec(job_id=7, attempt=2, python=PY, spool_dir=tmp_path, module="algorithms.tabular", nproc_per_node=2)
 
     assert build_command(spec) == [
         PY, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2", "--standalone",
         "--max_restarts", "0", "--role", "trainer", "--tee", "3", "--log_dir", str(tmp_path),
-        "--module", "--", "jobs.algorithms.tabular"]
+        "--module", "--", "algorithms.tabular"]
     assert launch_environment(spec) == {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:",
                                         "TRAINYARD_DIST_BACKEND": "gloo"}
 
@@ -62,7 +62,7 @@ def test_multi_node_launch_uses_a_static_rendezvous_hosted_by_node_0(tmp_path):
 
 
 def test_gpu_launch_runs_one_process_per_gpu_with_nccl(tmp_path):
-    spec = LaunchSpec(job_id=1, attempt=1, python=PY, spool_dir=tmp_path, module="jobs.algorithms.charlm", gpus=4)
+    spec = LaunchSpec(job_id=1, attempt=1, python=PY, spool_dir=tmp_path, module="algorithms.charlm", gpus=4)
 
     command = build_command(spec)
 

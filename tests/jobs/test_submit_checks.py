@@ -13,10 +13,10 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from PIL import Image
 
+from algorithms import ALGORITHMS
+from algorithms.base import IMAGE_FILES, LABEL_NAMES, TABLE_FILES, DataFacts, data_problem
 from datasets.actions import VersionOptions, register_local_files
 from datasets.validation_run import run_validation
-from jobs.algorithms import ALGORITHMS
-from jobs.algorithms.base import IMAGE_FILES, LABEL_NAMES, TABLE_FILES, DataFacts, data_problem
 from jobs.models import TrainingJob
 from tuning.models import TuningJob
 
@@ -178,7 +178,7 @@ def test_a_tuning_job_base_job_gets_the_same_check(owner, client_for, versions):
 
 
 def test_the_declaration_matches_what_the_algorithms_read():
-    from jobs.algorithms import common, image
+    from algorithms import common, image
 
     assert TABLE_FILES == common.TABLE_EXTENSIONS
     assert IMAGE_FILES == image.IMAGE_EXTENSIONS

@@ -5,7 +5,7 @@ PipelineStage with ScheduleGPipe or Schedule1F1B).
     metrics, weights = pipeline.fit(ctx, task, layers, names)  # weights: the whole model, on rank 0
 
 1. Partition (rank 0 decides, every rank follows): "auto" profiles each layer on a sample
-   microbatch and takes the exact min-max split (jobs.algorithms.partition), under
+   microbatch and takes the exact min-max split (algorithms.partition), under
    memory_cap_mb; "even" and a list of counts are taken as given. A resumed run keeps its
    checkpoint's partition, so each stage finds its own optimizer state.
 2. Every rank has built the whole model from the same seed and keeps its stage's layers,
@@ -38,9 +38,9 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.utils.data import BatchSampler, DataLoader
 
-from jobs.algorithms import common
-from jobs.algorithms.base import DataError
-from jobs.algorithms.partition import (
+from algorithms import common
+from algorithms.base import DataError
+from algorithms.partition import (
     MB,
     CostModel,
     Partition,

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from jobs.algorithms import entry_module
+from algorithms import entry_module
 
 MAX_RECORDS = 10_000  # one call; larger batches are the caller's to split
 
@@ -68,7 +68,7 @@ class CharLMPredictor:
 
     def generate(self, prompt: str, max_new_tokens: int = 200, temperature: float = 1.0, seed: int | None = None) -> str:
         """The text that continues prompt (without the prompt)."""
-        from jobs.algorithms.charlm import generate
+        from algorithms.charlm import generate
 
         return generate(self.model, self.config["input"], prompt, max_new_tokens, temperature, seed)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.jobs.test_algorithms import JobDir, RunResult, assert_ok, run_in_process, run_torchrun, weights
+from tests.algorithms.test_algorithms import JobDir, RunResult, assert_ok, run_in_process, run_torchrun, weights
 
 # Small enough for two cores; dropout 0 so the two runs draw nothing differently.
 HYPERPARAMETERS = {"epochs": 1, "context_length": 16, "embedding_dim": 32, "heads": 2, "layers": 2, "batch_size": 16,
@@ -76,7 +76,7 @@ def assert_same_losses(found: dict[int, float], expected: dict[int, float]) -> N
 @pytest.fixture(scope="module")
 def unsplit(tmp_path_factory) -> tuple[DistributedJob, RunResult]:
     job = char_lm_job(tmp_path_factory.mktemp("unsplit"))
-    result = run_in_process(job, "jobs.algorithms.charlm")
+    result = run_in_process(job, "algorithms.charlm")
     assert_ok(result)
     return job, result
 
@@ -84,7 +84,7 @@ def unsplit(tmp_path_factory) -> tuple[DistributedJob, RunResult]:
 @pytest.fixture(scope="module")
 def pipelined(tmp_path_factory) -> tuple[DistributedJob, RunResult]:
     job = char_lm_job(tmp_path_factory.mktemp("pipelined"), "pipeline", {"stages": 2, "microbatches": 4})
-    result = run_torchrun(job, "jobs.algorithms.charlm", processes=2)
+    result = run_torchrun(job, "algorithms.charlm", processes=2)
     assert_ok(result)
     return job, result
 
@@ -117,7 +117,7 @@ def test_the_auto_partition_report_has_the_documented_shape(pipelined):
 def test_the_pipelined_model_is_whole_and_serves(unsplit, pipelined):
     import torch
 
-    from jobs.algorithms.predict import load_predictor
+    from algorithms.predict import load_predictor
 
     (whole_job, _), (job, _) = unsplit, pipelined
     config = json.loads((job.model / "config.json").read_text())
@@ -141,7 +141,7 @@ def test_even_1f1b_pipeline_resumes_from_its_checkpoint(tmp_path, unsplit, pipel
     (_, whole), (finished, _) = unsplit, pipelined
     settings = {"stages": 2, "microbatches": 4, "schedule": "1f1b", "partition": "even"}
     job = char_lm_job(tmp_path / "job", "pipeline", settings, max_steps=20)
-    first = run_torchrun(job, "jobs.algorithms.charlm", processes=2, checkpoint_every_steps=10)
+    first = run_torchrun(job, "algorithms.charlm", processes=2, checkpoint_every_steps=10)
     assert_ok(first)
     report = job.report("partition")
     assert set(report) == REPORT_KEYS
@@ -150,7 +150,7 @@ def test_even_1f1b_pipeline_resumes_from_its_checkpoint(tmp_path, unsplit, pipel
 
     job.hyperparameters.pop("max_steps")
     job.pipeline["partition"] = [1, 3]  # a changed setting does not move layers away from their optimizer state
-    resumed = run_torchrun(job, "jobs.algorithms.charlm", processes=2, checkpoint_every_steps=10)
+    resumed = run_torchrun(job, "algorithms.charlm", processes=2, checkpoint_every_steps=10)
     assert_ok(resumed)
     assert "resumed from checkpoint step 20" in resumed.stdout
     expected = losses(whole)
@@ -168,7 +168,7 @@ def test_even_1f1b_pipeline_resumes_from_its_checkpoint(tmp_path, unsplit, pipel
 def test_a_memory_cap_no_partition_fits_fails_naming_the_cap(tmp_path):
     job = char_lm_job(tmp_path / "job", "pipeline", {"stages": 2, "microbatches": 2, "memory_cap_mb": 1},
                       embedding_dim=64, context_length=64, batch_size=64)
-    result = run_torchrun(job, "jobs.algorithms.charlm", processes=2)
+    result = run_torchrun(job, "algorithms.charlm", processes=2)
     assert result.returncode != 0
     assert result.failure is not None
     assert "into 2 stages fits memory_cap_mb=1" in result.failure and "raise memory_cap_mb to at least" in result.failure
@@ -176,16 +176,16 @@ def test_a_memory_cap_no_partition_fits_fails_naming_the_cap(tmp_path):
 
 def test_a_pipeline_needs_one_process_per_stage(tmp_path):
     job = char_lm_job(tmp_path / "job", "pipeline", {"stages": 2})
-    result = run_in_process(job, "jobs.algorithms.charlm")
+    result = run_in_process(job, "algorithms.charlm")
     assert result.returncode == 2
     assert result.failure == "pipeline: 2 stages need 2 processes (one per stage), but WORLD_SIZE is 1\n"
 
 
 def test_an_algorithm_refuses_a_distribution_it_does_not_support(tmp_path):
-    from tests.jobs.test_algorithms import write_small_tabular
+    from tests.algorithms.test_algorithms import write_small_tabular
 
     job = DistributedJob(tmp_path / "job", {"epochs": 1}, "pipeline", {"stages": 2})
     write_small_tabular(job.channel("train"), "train.csv", 40, seed=1)
-    result = run_in_process(job, "jobs.algorithms.tabular")
+    result = run_in_process(job, "algorithms.tabular")
     assert result.returncode == 2
     assert result.failure == ("tabular-classifier does not support distribution 'pipeline'; it supports none, ddp\n")

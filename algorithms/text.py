@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from jobs.algorithms.base import (
+from algorithms.base import (
     COMMON_HYPERPARAMETERS,
     TABLE_FILES,
     Accepts,
@@ -27,7 +27,7 @@ from jobs.algorithms.base import (
 if TYPE_CHECKING:
     from torch import nn
 
-    from jobs.algorithms.common import Context, Table, TensorBatches
+    from algorithms.common import Context, Table, TensorBatches
 
 NAME = "text-classifier"
 PADDING = 0  # index 0 pads short records; EmbeddingBag leaves it out of the mean
@@ -38,7 +38,7 @@ SPEC = AlgorithmSpec(
     title="Text classifier",
     description="Classifies a text column of CSV or JSON Lines rows from its bag of word or character n-grams "
                 "(an averaged embedding and a linear layer, like fastText).",
-    module="jobs.algorithms.text",
+    module="algorithms.text",
     formats=("csv", "jsonl"),
     accepts=Accepts(label=True, text_column="text_column", extensions=TABLE_FILES),
     hyperparameters=(
@@ -142,7 +142,7 @@ def make_encoder(config: dict[str, Any]):
 
 # --- training ------------------------------------------------------------------------------
 def _texts_and_labels(table: Table, text_column: str, label_column: str) -> tuple[list[str], list[str]]:
-    from jobs.algorithms.common import label_text
+    from algorithms.common import label_text
 
     for column, role in ((text_column, "text"), (label_column, "label")):
         if column not in table.columns:
@@ -156,7 +156,7 @@ def train(ctx: Context) -> None:
     seeded 10%. 3. Build the n-gram vocabulary from train. 4. Fit, write model/ (rank 0)."""
     import torch
 
-    from jobs.algorithms import common
+    from algorithms import common
 
     hps = ctx.hps
     table = common.read_table(common.required_channel(ctx, "train"), "train")
@@ -202,7 +202,7 @@ def train(ctx: Context) -> None:
 
 
 def main() -> None:
-    from jobs.algorithms.common import run_algorithm
+    from algorithms.common import run_algorithm
 
     run_algorithm(SPEC, train)
 

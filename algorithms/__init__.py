@@ -1,10 +1,10 @@
 """The built-in algorithms: name → spec (schema, metric definitions, entry module).
 
 Specs load on first use, not at package import: a training process starts with
-`python -m jobs.algorithms.tabular`, which imports this package first, and importing
+`python -m algorithms.tabular`, which imports this package first, and importing
 tabular here too would run that module twice (runpy warns about exactly that). Reading
 the specs is cheap: algorithm modules import torch only inside their functions, so the
-web server pays no torch import (tests/jobs/test_hyperparameter_schema.py checks).
+web server pays no torch import (tests/algorithms/test_hyperparameter_schema.py checks).
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from jobs.algorithms.base import AlgorithmSpec, Hyperparameter, validate_hyperparameters
+from algorithms.base import AlgorithmSpec, Hyperparameter, validate_hyperparameters
 
 # name → module; the order is the order the job form lists them in.
 ENTRY_MODULES: dict[str, str] = {
-    "tabular-classifier": "jobs.algorithms.tabular",
-    "image-classifier": "jobs.algorithms.image",
-    "text-classifier": "jobs.algorithms.text",
-    "char-lm": "jobs.algorithms.charlm",
+    "tabular-classifier": "algorithms.tabular",
+    "image-classifier": "algorithms.image",
+    "text-classifier": "algorithms.text",
+    "char-lm": "algorithms.charlm",
 }
 _loaded: dict[str, AlgorithmSpec] = {}
 
@@ -35,7 +35,7 @@ def _algorithms() -> dict[str, AlgorithmSpec]:
 
 
 def __getattr__(attribute: str) -> Any:
-    # `from jobs.algorithms import ALGORITHMS` lands here (PEP 562) and loads the specs.
+    # `from algorithms import ALGORITHMS` lands here (PEP 562) and loads the specs.
     if attribute == "ALGORITHMS":
         return _algorithms()
     raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")

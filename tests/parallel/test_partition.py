@@ -1,4 +1,4 @@
-"""jobs.algorithms.partition: the exact partitioner against brute force, the simple
+"""algorithms.partition: the exact partitioner against brute force, the simple
 partitions, the memory cap, and the profiler on char-lm's real layers."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from jobs.algorithms.partition import (
+from algorithms.partition import (
     MB,
     CostModel,
     LayerCost,
@@ -128,15 +128,15 @@ def test_even_and_manual_partitions():
 
 
 def test_the_partitioner_does_not_import_torch():
-    code = "import sys, jobs.algorithms.partition; assert 'torch' not in sys.modules"
+    code = "import sys, algorithms.partition; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
 def test_profiler_measures_char_lm_layers():
     import torch
 
-    from jobs.algorithms.charlm import build_layers, layer_names
-    from jobs.algorithms.pipeline import summed_cross_entropy
+    from algorithms.charlm import build_layers, layer_names
+    from algorithms.pipeline import summed_cross_entropy
 
     architecture = {"vocabulary_size": 40, "context_length": 16, "embedding_dim": 32, "layers": 2, "heads": 2,
                     "dropout": 0.0}

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from jobs.algorithms.base import (
+from algorithms.base import (
     COMMON_HYPERPARAMETERS,
     TABLE_FILES,
     Accepts,
@@ -27,7 +27,7 @@ from jobs.algorithms.base import (
 if TYPE_CHECKING:
     from torch import nn
 
-    from jobs.algorithms.common import Context, Table
+    from algorithms.common import Context, Table
 
 NAME = "tabular-classifier"
 # Past this many distinct values a string column keeps only its most frequent ones (an id
@@ -39,7 +39,7 @@ SPEC = AlgorithmSpec(
     title="Tabular classifier",
     description="A multilayer perceptron for CSV or JSON Lines tables: numeric columns are standardised, "
                 "text columns one-hot encoded, and one column is the class to predict.",
-    module="jobs.algorithms.tabular",
+    module="algorithms.tabular",
     formats=("csv", "jsonl"),
     accepts=Accepts(label=True, features=True, extensions=TABLE_FILES),
     hyperparameters=(
@@ -163,7 +163,7 @@ def make_encoder(config: dict[str, Any]):
 # --- training ------------------------------------------------------------------------------
 def labelled_features(table: Table, schema: dict[str, Any], classes: list[str], where: str) -> tuple[np.ndarray, np.ndarray]:
     """(features, class indices) of the rows that have a label train knows."""
-    from jobs.algorithms.common import encode_labels, label_text
+    from algorithms.common import encode_labels, label_text
 
     label_column = schema["label_column"]
     if label_column not in table.columns:
@@ -179,7 +179,7 @@ def train(ctx: Context) -> None:
     model/ (rank 0)."""
     import torch
 
-    from jobs.algorithms import common
+    from algorithms import common
 
     hps = ctx.hps
     train_table = common.read_table(common.required_channel(ctx, "train"), "train")
@@ -220,7 +220,7 @@ def train(ctx: Context) -> None:
 
 
 def main() -> None:
-    from jobs.algorithms.common import run_algorithm
+    from algorithms.common import run_algorithm
 
     run_algorithm(SPEC, train)
 

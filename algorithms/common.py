@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
-from jobs.algorithms.base import AlgorithmSpec, DataError, validate_hyperparameters
+from algorithms.base import AlgorithmSpec, DataError, validate_hyperparameters
 from trainyard import checkpoints, protocol
 from trainyard import flush as flush_metrics
 from trainyard import log_metrics as sdk_log_metrics
@@ -495,7 +495,7 @@ def _save_checkpoint(ctx: Context, model: nn.Module, optimizer: torch.optim.Opti
 
 class Replicated:
     """How fit spreads a model over the processes, by default: each holds all of it and DDP
-    averages the gradients (with one process, the model alone). jobs.algorithms.fsdp
+    averages the gradients (with one process, the model alone). algorithms.fsdp
     shards it instead; fit asks only these methods."""
 
     @property

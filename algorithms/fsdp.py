@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from jobs.algorithms.common import Context, Distributed, Replicated, emit
+from algorithms.common import Context, Distributed, Replicated, emit
 from trainyard import report
 
 

@@ -1,8 +1,8 @@
 """char-lm: a small decoder-only transformer over the characters of plain .txt files.
 
 The model is a plain stack — embedding block, N transformer blocks, head — built by
-build_layers(), so a pipeline-parallel run (jobs.algorithms.pipeline) can cut the list into
-stages and nothing else changes; a sharded one (jobs.algorithms.fsdp) shards it layer by
+build_layers(), so a pipeline-parallel run (algorithms.pipeline) can cut the list into
+stages and nothing else changes; a sharded one (algorithms.fsdp) shards it layer by
 layer. torch is imported inside functions (the layer classes are defined on first use):
 the studio reads SPEC without paying for it.
 """
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from jobs.algorithms.base import (
+from algorithms.base import (
     COMMON_HYPERPARAMETERS,
     TEXT_FILES,
     Accepts,
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from jobs.algorithms.common import Context, TensorBatches
+    from algorithms.common import Context, TensorBatches
 
 NAME = "char-lm"
 UNKNOWN = 0  # index 0: a character train never had; vocabulary[i - 1] is character i
@@ -52,7 +52,7 @@ SPEC = AlgorithmSpec(
     title="Character language model",
     description="A small decoder-only transformer that learns to continue plain text one character at a time; "
                 "reports loss and perplexity, and generates text from a prompt.",
-    module="jobs.algorithms.charlm",
+    module="algorithms.charlm",
     formats=("text",),
     accepts=Accepts(extensions=TEXT_FILES),
     hyperparameters=(
@@ -149,7 +149,7 @@ def build_model(architecture: dict[str, Any]) -> nn.Module:
 
 # --- text ----------------------------------------------------------------------------------
 def read_text(folder: Path, channel: str) -> str:
-    from jobs.algorithms.common import data_files
+    from algorithms.common import data_files
     from trainyard.data import iter_lines, read_manifest
 
     if read_manifest(folder) is not None:  # stream mode: records straight from the object store
@@ -214,7 +214,7 @@ def train(ctx: Context) -> None:
     sharded or as a pipeline, as the job's distribution says), write model/ (rank 0)."""
     import torch
 
-    from jobs.algorithms import common
+    from algorithms import common
 
     hps = ctx.hps
     context_length = hps["context_length"]
@@ -256,11 +256,11 @@ def train(ctx: Context) -> None:
     task = common.Task(model=model, train=train_data, validation=tensors(validation), test=tensors(test),
                        report="perplexity")
     if ctx.distribution == "pipeline":
-        from jobs.algorithms import pipeline
+        from algorithms import pipeline
 
         metrics, weights = pipeline.fit(ctx, task, list(model.children()), layer_names(architecture))
     elif ctx.distribution == "fsdp":
-        from jobs.algorithms.fsdp import FullyShard
+        from algorithms.fsdp import FullyShard
 
         strategy = FullyShard(ctx)
         metrics = common.fit(ctx, task, strategy)
@@ -273,7 +273,7 @@ def train(ctx: Context) -> None:
 
 
 def main() -> None:
-    from jobs.algorithms.common import run_algorithm
+    from algorithms.common import run_algorithm
 
     run_algorithm(SPEC, train)
 

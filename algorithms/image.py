@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from jobs.algorithms.base import (
+from algorithms.base import (
     COMMON_HYPERPARAMETERS,
     IMAGE_FILES,
     Accepts,
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from PIL import Image
     from torch import nn
 
-    from jobs.algorithms.common import Context, TensorBatches
+    from algorithms.common import Context, TensorBatches
 
 NAME = "image-classifier"
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
@@ -41,7 +41,7 @@ SPEC = AlgorithmSpec(
     title="Image classifier",
     description="A small convolutional network for folders of images, one folder per class "
                 "(cat/001.png, dog/002.png).",
-    module="jobs.algorithms.image",
+    module="algorithms.image",
     formats=("image_folder",),
     accepts=Accepts(label=True, extensions=IMAGE_FILES),
     hyperparameters=(
@@ -87,7 +87,7 @@ def read_images(folder: Path, channel: str, size: int, channels: int) -> tuple[n
     """(images (N, channels, size, size) uint8, class of each) for every image in the channel."""
     from PIL import Image, UnidentifiedImageError
 
-    from jobs.algorithms.common import data_files
+    from algorithms.common import data_files
     from trainyard.data import open_files, read_manifest
 
     if read_manifest(folder) is not None:
@@ -177,7 +177,7 @@ def train(ctx: Context) -> None:
     statistics from train. 3. Fit, then write model/ (rank 0)."""
     import torch
 
-    from jobs.algorithms import common
+    from algorithms import common
 
     hps = ctx.hps
     size, channels = hps["image_size"], hps["channels"]
@@ -216,7 +216,7 @@ def train(ctx: Context) -> None:
 
 
 def main() -> None:
-    from jobs.algorithms.common import run_algorithm
+    from algorithms.common import run_algorithm
 
     run_algorithm(SPEC, train)
 

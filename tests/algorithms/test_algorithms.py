@@ -1,5 +1,5 @@
 """Built-in algorithms run the way the runner will run them: a job directory laid out as
-SPEC §3 says, SM_* variables, `python -m torch.distributed.run ... -m jobs.algorithms.X`.
+SPEC §3 says, SM_* variables, `python -m torch.distributed.run ... -m algorithms.X`.
 Most runs are tiny and in-process (same code path below the launcher); a few go through
 torchrun for real, one with two DDP processes.
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jobs.algorithms import get_algorithm
+from algorithms import get_algorithm
 from tests.conftest import ROOT
 
 # Variables a training process reads; cleared around in-process runs so one test's job
@@ -202,10 +202,10 @@ def assert_same_weights(first: Path, second: Path) -> None:
 
 # --- tabular, through the real launcher ----------------------------------------------------
 def test_tabular_job_writes_model_metrics_and_predicts(tmp_path):
-    from jobs.algorithms.predict import load_predictor
+    from algorithms.predict import load_predictor
 
     job, validation = tabular_job(tmp_path)
-    result = run_torchrun(job, "jobs.algorithms.tabular")
+    result = run_torchrun(job, "algorithms.tabular")
     assert_ok(result)
     assert "rank 0/1 on host algo-1" in result.stdout and "WORLD_SIZE=1" in result.stdout
     assert "found in sys.modules" not in result.stderr  # -m does not import the module twice
@@ -239,7 +239,7 @@ def test_tabular_job_writes_model_metrics_and_predicts(tmp_path):
 
 def test_ddp_with_two_processes_both_ranks_see_world_size_2(tmp_path):
     job, _ = tabular_job(tmp_path, epochs=2)
-    result = run_torchrun(job, "jobs.algorithms.tabular", processes=2)
+    result = run_torchrun(job, "algorithms.tabular", processes=2)
     assert_ok(result)
     for rank in (0, 1):
         assert re.search(rf"^rank {rank}/2 on host .* WORLD_SIZE=2 ", result.stdout, re.M), result.stdout
@@ -258,7 +258,7 @@ def test_same_seed_gives_same_model_and_another_seed_does_not(tmp_path):
     runs = []
     for name, seed in (("a", 42), ("b", 42), ("c", 7)):
         job, _ = tabular_job(tmp_path / name, epochs=2, seed=seed)
-        result = run_in_process(job, "jobs.algorithms.tabular")
+        result = run_in_process(job, "algorithms.tabular")
         assert_ok(result)
         runs.append((job, result))
     (a, result_a), (b, result_b), (c, _) = runs
@@ -272,17 +272,17 @@ def test_resume_from_a_mid_epoch_checkpoint_matches_an_uninterrupted_run(tmp_pat
     """Dropout is on, so the RNG state must travel with the checkpoint too."""
     settings = {"epochs": 3, "dropout": 0.3}
     whole, _ = tabular_job(tmp_path / "whole", **settings)
-    assert_ok(run_in_process(whole, "jobs.algorithms.tabular", checkpoint_every_steps=7))
+    assert_ok(run_in_process(whole, "algorithms.tabular", checkpoint_every_steps=7))
 
     # Interrupted at step 23 (mid epoch 2): checkpoints at 7, 14, 21 and the stop at 23.
     cut, _ = tabular_job(tmp_path / "cut", **settings, max_steps=23)
-    first = run_in_process(cut, "jobs.algorithms.tabular", checkpoint_every_steps=7)
+    first = run_in_process(cut, "algorithms.tabular", checkpoint_every_steps=7)
     assert_ok(first)
     assert [path.name for path in sorted(cut.checkpoints.iterdir())] == ["checkpoint-000000021.pt", "checkpoint-000000023.pt"]
 
     # Same job again, no step limit, same checkpoint folder: picks up after step 23.
     cut.hyperparameters.pop("max_steps")
-    resumed = run_in_process(cut, "jobs.algorithms.tabular", checkpoint_every_steps=7)
+    resumed = run_in_process(cut, "algorithms.tabular", checkpoint_every_steps=7)
     assert_ok(resumed)
     assert "resumed from checkpoint step 23" in resumed.stdout
     assert resumed.metric("tabular-classifier", "train_loss")[0][0] == 25  # first report after the checkpoint
@@ -291,10 +291,10 @@ def test_resume_from_a_mid_epoch_checkpoint_matches_an_uninterrupted_run(tmp_pat
 
 def test_resume_skips_an_unreadable_newest_checkpoint(tmp_path):
     job, _ = tabular_job(tmp_path, epochs=2)
-    assert_ok(run_in_process(job, "jobs.algorithms.tabular"))
+    assert_ok(run_in_process(job, "algorithms.tabular"))
     newest = sorted(job.checkpoints.iterdir())[-1]
     newest.write_bytes(b"cut short by a sync")
-    result = run_in_process(job, "jobs.algorithms.tabular")
+    result = run_in_process(job, "algorithms.tabular")
     assert_ok(result)
     assert "resumed from checkpoint step 15" in result.stdout
     assert "unreadable" in result.stderr
@@ -304,7 +304,7 @@ def test_metrics_also_reach_the_sdk(tmp_path):
     from trainyard.metrics import get_logger
 
     job, _ = tabular_job(tmp_path, epochs=1)
-    assert_ok(run_in_process(job, "jobs.algorithms.tabular"))
+    assert_ok(run_in_process(job, "algorithms.tabular"))
     names = {point[0] for point in get_logger().recent()}
     assert {"train_loss", "validation_loss", "validation_accuracy", "epoch"} <= names
 
@@ -312,7 +312,7 @@ def test_metrics_also_reach_the_sdk(tmp_path):
 # --- failures a person can act on ------------------------------------------------------------
 def test_missing_label_column_fails_with_a_clear_reason(tmp_path):
     job, _ = tabular_job(tmp_path, label_column="species")
-    result = run_in_process(job, "jobs.algorithms.tabular")
+    result = run_in_process(job, "algorithms.tabular")
     assert result.returncode == 2
     columns = ", ".join([f"feature_{i:02d}" for i in range(1, 11)] + ["region", "label"])
     assert result.failure == f"label column 'species' not found in train.csv; columns are {columns}\n"
@@ -333,14 +333,14 @@ def test_missing_label_column_fails_with_a_clear_reason(tmp_path):
 def test_bad_input_fails_with_its_reason(tmp_path, prepare, expected):
     job, _ = tabular_job(tmp_path)
     prepare(job)
-    result = run_in_process(job, "jobs.algorithms.tabular")
+    result = run_in_process(job, "algorithms.tabular")
     assert result.returncode == 2
     assert result.failure is not None and expected in result.failure, result.failure
 
 
 def test_missing_train_channel_fails(tmp_path):
     job = JobDir(tmp_path)
-    result = run_in_process(job, "jobs.algorithms.tabular")
+    result = run_in_process(job, "algorithms.tabular")
     assert result.returncode == 2
     assert result.failure == "no 'train' channel: this algorithm needs 'train' input data\n"
 
@@ -355,7 +355,7 @@ def test_tabular_reaches_90_percent_on_the_demo_data_within_a_minute(tmp_path):
     files["train.csv"].rename(job.channel("train") / "train.csv")
     files["validation.csv"].rename(job.channel("validation") / "validation.csv")
     started = time.monotonic()
-    result = run_torchrun(job, "jobs.algorithms.tabular", threads=None)  # default hyperparameters
+    result = run_torchrun(job, "algorithms.tabular", threads=None)  # default hyperparameters
     elapsed = time.monotonic() - started
     assert_ok(result)
     accuracy = result.last("tabular-classifier", "validation_accuracy")

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from jobs.algorithms import ALGORITHMS, entry_module, get_algorithm, validate_hyperparameters
-from jobs.algorithms.base import AlgorithmSpec, Hyperparameter
+from algorithms import ALGORITHMS, entry_module, get_algorithm, validate_hyperparameters
+from algorithms.base import AlgorithmSpec, Hyperparameter
 from tests.conftest import ROOT
 
 TABULAR = "tabular-classifier"
@@ -18,15 +18,15 @@ TABULAR = "tabular-classifier"
 
 def test_registry_names_the_four_builtin_algorithms():
     assert list(ALGORITHMS) == ["tabular-classifier", "image-classifier", "text-classifier", "char-lm"]
-    assert entry_module("char-lm") == "jobs.algorithms.charlm"
-    assert entry_module(TABULAR) == "jobs.algorithms.tabular"
+    assert entry_module("char-lm") == "algorithms.charlm"
+    assert entry_module(TABULAR) == "algorithms.tabular"
     assert get_algorithm("xgboost") is None
     with pytest.raises(KeyError, match="unknown algorithm 'xgboost'"):
         entry_module("xgboost")
 
 
 def test_reading_every_schema_imports_neither_torch_nor_django():
-    code = ("import sys, json; from jobs.algorithms import ALGORITHMS; "
+    code = ("import sys, json; from algorithms import ALGORITHMS; "
             "json.dumps([spec.as_json() for spec in ALGORITHMS.values()]); "
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'django')); "
             "assert not heavy, heavy")

@@ -8,8 +8,8 @@ from collections import defaultdict
 
 import pytest
 
-from tests.jobs.test_algorithms import RunResult, assert_ok, run_in_process, run_torchrun, weights
-from tests.jobs.test_pipeline import char_lm_job
+from tests.algorithms.test_algorithms import RunResult, assert_ok, run_in_process, run_torchrun, weights
+from tests.parallel.test_pipeline import char_lm_job
 
 # Sharding changes how gradients are averaged (reduce-scatter instead of all-reduce), not
 # what they are: the same float32 figures summed in another order.
@@ -27,7 +27,7 @@ def losses_by_rank(result: RunResult) -> dict[int, list[float]]:
 @pytest.fixture(scope="module")
 def replicated(tmp_path_factory):
     job = char_lm_job(tmp_path_factory.mktemp("ddp"), "ddp")
-    result = run_torchrun(job, "jobs.algorithms.charlm", processes=2)
+    result = run_torchrun(job, "algorithms.charlm", processes=2)
     assert_ok(result)
     return job, result
 
@@ -35,12 +35,12 @@ def replicated(tmp_path_factory):
 def test_fsdp_trains_like_ddp_resumes_and_saves_the_whole_model(tmp_path, replicated):
     import torch
 
-    from jobs.algorithms.predict import load_predictor
+    from algorithms.predict import load_predictor
     from trainyard import checkpoints
 
     ddp_job, ddp = replicated
     job = char_lm_job(tmp_path / "job", "fsdp", max_steps=10)
-    first = run_torchrun(job, "jobs.algorithms.charlm", processes=2, checkpoint_every_steps=5)
+    first = run_torchrun(job, "algorithms.charlm", processes=2, checkpoint_every_steps=5)
     assert_ok(first)
     assert "fsdp fallback" not in first.stdout
     report = job.report("fsdp")
@@ -57,7 +57,7 @@ def test_fsdp_trains_like_ddp_resumes_and_saves_the_whole_model(tmp_path, replic
     assert set(state["optimizer"]["state"]) == set(reference)  # a full AdamW state per parameter
 
     job.hyperparameters.pop("max_steps")
-    resumed = run_torchrun(job, "jobs.algorithms.charlm", processes=2, checkpoint_every_steps=5)
+    resumed = run_torchrun(job, "algorithms.charlm", processes=2, checkpoint_every_steps=5)
     assert_ok(resumed)
     assert "resumed from checkpoint step 10" in resumed.stdout
     expected, found = losses_by_rank(ddp), {**losses_by_rank(first), **losses_by_rank(resumed)}
@@ -79,7 +79,7 @@ def test_fsdp_trains_like_ddp_resumes_and_saves_the_whole_model(tmp_path, replic
 
 def test_fsdp_on_one_process_falls_back_loudly(tmp_path):
     job = char_lm_job(tmp_path / "job", "fsdp", max_steps=3)
-    result = run_in_process(job, "jobs.algorithms.charlm")
+    result = run_in_process(job, "algorithms.charlm")
     assert_ok(result)
     line = ("fsdp fallback: sharding did not run (a single process has no process group to shard over); "
             "using the whole model on one process, unsharded")

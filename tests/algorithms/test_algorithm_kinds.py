@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from tests.jobs.test_algorithms import JobDir, assert_ok, run_in_process
+from tests.algorithms.test_algorithms import JobDir, assert_ok, run_in_process
 
 
 # --- image-classifier ----------------------------------------------------------------------
@@ -34,12 +34,12 @@ def write_shapes(folder, per_class: int, seed: int, prefix: str = "") -> list:
 def test_image_classifier_learns_shapes_and_predicts(tmp_path):
     from PIL import Image
 
-    from jobs.algorithms.predict import load_predictor
+    from algorithms.predict import load_predictor
 
     job = JobDir(tmp_path / "job", {"epochs": 8, "batch_size": 16, "width": 8, "log_every_steps": 10})
     write_shapes(job.channel("train"), 40, seed=1, prefix="train")
     validation = write_shapes(job.channel("validation"), 10, seed=2)
-    result = run_in_process(job, "jobs.algorithms.image")
+    result = run_in_process(job, "algorithms.image")
     assert_ok(result)
     assert "120 train images at 32x32x3, 3 classes: circle, square, triangle" in result.stdout
     accuracy = result.last("image-classifier", "validation_accuracy")
@@ -64,7 +64,7 @@ def test_image_outside_a_class_folder_fails_with_its_path(tmp_path):
     job = JobDir(tmp_path / "job")
     write_shapes(job.channel("train"), 2, seed=1)
     (job.channel("train") / "stray.png").write_bytes((job.channel("train") / "circle" / "000.png").read_bytes())
-    result = run_in_process(job, "jobs.algorithms.image")
+    result = run_in_process(job, "algorithms.image")
     assert result.returncode == 2
     assert result.failure.startswith("train/stray.png is not inside a class folder")
 
@@ -87,7 +87,7 @@ def sentiment_rows(count: int, seed: int) -> list[dict]:
 
 
 def test_text_classifier_learns_sentiment_and_predicts(tmp_path):
-    from jobs.algorithms.predict import load_predictor
+    from algorithms.predict import load_predictor
 
     job = JobDir(tmp_path / "job", {"text_column": "review", "epochs": 6, "batch_size": 16, "log_every_steps": 10})
     # JSON Lines, split over two files in a sub-folder: every file of the channel is read.
@@ -95,7 +95,7 @@ def test_text_classifier_learns_sentiment_and_predicts(tmp_path):
     (job.channel("train") / "part").mkdir()
     for part, chunk in enumerate((rows[:150], rows[150:])):
         (job.channel("train") / "part" / f"{part}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in chunk))
-    result = run_in_process(job, "jobs.algorithms.text")
+    result = run_in_process(job, "algorithms.text")
     assert_ok(result)
     assert "held out 30 of train's rows" in result.stdout  # no validation channel: a seeded 10%
     assert result.last("text-classifier", "validation_accuracy") >= 0.9
@@ -113,7 +113,7 @@ def test_text_classifier_on_character_ngrams(tmp_path):
                                      "batch_size": 16})
     rows = sentiment_rows(200, seed=3)
     (job.channel("train") / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    result = run_in_process(job, "jobs.algorithms.text")
+    result = run_in_process(job, "algorithms.text")
     assert_ok(result)
     assert result.last("text-classifier", "validation_accuracy") >= 0.9
 
@@ -121,23 +121,23 @@ def test_text_classifier_on_character_ngrams(tmp_path):
 def test_text_classifier_names_the_missing_text_column(tmp_path):
     job = JobDir(tmp_path / "job")
     (job.channel("train") / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in sentiment_rows(20, 1)))
-    result = run_in_process(job, "jobs.algorithms.text")
+    result = run_in_process(job, "algorithms.text")
     assert result.returncode == 2
     assert result.failure.startswith("text column 'text' not found in train.jsonl; columns are review, label, stars")
 
 
 # --- char-lm -------------------------------------------------------------------------------
 def test_char_lm_learns_reports_perplexity_and_generates(tmp_path):
+    from algorithms.charlm import build_layers
+    from algorithms.predict import load_predictor
     from datasets.demo import generate_text
-    from jobs.algorithms.charlm import build_layers
-    from jobs.algorithms.predict import load_predictor
 
     job = JobDir(tmp_path / "job", {"epochs": 3, "context_length": 32, "embedding_dim": 32, "heads": 2,
                                      "batch_size": 32, "log_every_steps": 10})
     rng = random.Random(5)
     (job.channel("train") / "a.txt").write_text(generate_text(30_000, rng))
     (job.channel("validation") / "b.txt").write_text(generate_text(3_000, rng))
-    result = run_in_process(job, "jobs.algorithms.charlm")
+    result = run_in_process(job, "algorithms.charlm")
     assert_ok(result)
     losses = [value for _, value in result.metric("char-lm", "train_loss")]
     assert losses[-1] < losses[0] - 0.5, losses
@@ -169,6 +169,6 @@ def test_char_lm_learns_reports_perplexity_and_generates(tmp_path):
 def test_char_lm_rejects_heads_that_do_not_divide_the_width(tmp_path):
     job = JobDir(tmp_path / "job", {"embedding_dim": 30, "heads": 4})
     (job.channel("train") / "a.txt").write_text("hello world\n" * 50)
-    result = run_in_process(job, "jobs.algorithms.charlm")
+    result = run_in_process(job, "algorithms.charlm")
     assert result.returncode == 2
     assert result.failure == "invalid hyperparameters: heads: must divide embedding_dim (30), got 4\n"
