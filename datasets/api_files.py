@@ -1,4 +1,4 @@
-"""A dataset version's files, to read back (issue 13 item 9): the listing, one file, or
+"""A dataset version's files, to read back: the listing, one file, or
 all of them as one zip, each streamed from the object store (an S3 file is a redirect to
 a short-lived presigned link). Readers of the project (a viewer included) may download;
 anyone else gets 404 from get_version_for_user.

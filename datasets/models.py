@@ -98,7 +98,7 @@ class DatasetVersion(models.Model):
     # content and same options is the same version; any other option is a new one.
     requested_options = models.JSONField(default=dict, blank=True)
     files = models.JSONField(default=list)
-    # Where a derived version came from (review export, issue 13): {"mode", "flow",
+    # Where a derived version came from (a review export): {"mode", "flow",
     # "source_job", "base_version", "counts", "summary"}; {} for plain uploads.
     provenance = models.JSONField(default=dict, blank=True)
     # Identifies the source's content without reading it (names, sizes, ETags/mtimes): a

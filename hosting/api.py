@@ -1,4 +1,4 @@
-"""Model, endpoint and batch-prediction endpoints (issue 6, SPEC §6)."""
+"""Model, endpoint and batch-prediction endpoints (conventions: docs/SPEC.md §6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Models and endpoints (SPEC §2): a Model is a name in a project whose numbered versions
+"""Models and endpoints (docs/SPEC.md §2): a Model is a name in a project whose numbered versions
 are finished training jobs' artifacts; an Endpoint serves one model version (and may send
 uncertain predictions to a review flow); a BatchPrediction runs a model version over a
 dataset version and writes JSONL predictions to the object store."""

@@ -47,7 +47,7 @@ class Distribution(models.TextChoices):
 
 
 class TrainingJob(models.Model):
-    """One run of an algorithm or a script on dataset versions (SPEC §3).
+    """One run of an algorithm or a script on dataset versions (docs/SPEC.md §3).
 
     Request fields keep the API's names. `attempt` counts launches (a node loss re-queues
     the job with attempt + 1); `lease_expires_at` is the node agent's claim, renewed by its

@@ -4,7 +4,7 @@ A node is one `studio worker` process. It registers (or re-registers) its row at
 heartbeats from a daemon thread while it runs, and marks itself stopped on a clean
 shutdown. The control worker's beat runs `mark_lost_nodes` every few seconds, so a node
 whose process died without saying so (SIGKILL, power loss, network split) is seen as lost
-instead of "idle forever" (SPEC: no runs that stay running after their process died).
+instead of "idle forever", and no job stays running after its process died.
 """
 
 from __future__ import annotations

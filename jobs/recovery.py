@@ -1,8 +1,7 @@
 """When an attempt dies with its infrastructure — a node lost, an agent silent, a worker
 shut down — the job goes back to Pending for a fresh attempt (within its `retries`) and
 resumes from its last checkpoint; with no retries left it fails with a reason a person
-can act on (SPEC §3: "A job that dies with its node resumes from its last checkpoint on
-the next attempt").
+can act on (docs/SPEC.md §3.6).
 
     end_attempt(job_id, attempt, cause=..., lost_nodes=[...])
 

@@ -5,7 +5,7 @@
                      never holds part of a gang, so two multi-node jobs contending for
                      nodes cannot deadlock)
 
-Warm pools (SPEC §3 `keep_alive_seconds`): a job that ends with keep_alive_seconds leaves
+Warm pools (`keep_alive_seconds`, docs/SPEC.md §3.6): a job that ends with keep_alive_seconds leaves
 its nodes `warm` — reserved for the next job of the same project, instance type and
 instance count, each holding a fork server with torch imported and the staged data cache
 (jobs.runner.warm). A matching job takes the whole pool and starts there, ahead of the

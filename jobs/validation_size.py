@@ -1,4 +1,4 @@
-"""How many records a job's validation figures are measured on (issue 13 item 1).
+"""How many records a job's validation figures are measured on (docs/SPEC.md §4).
 
 A validation accuracy of 1 measured on one held-out row is no figure at all, so the job
 page warns beside the metrics when the validation set has fewer than MIN_VALIDATION_RECORDS

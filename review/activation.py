@@ -1,4 +1,4 @@
-"""When a prediction goes to people (SPEC §5): the flow's activation conditions.
+"""When a prediction goes to people (docs/SPEC.md §5): the flow's activation conditions.
 
 `activation` is {"confidence_below": float | None, "sample_percent": float 0–100,
 "combine": "any" | "all"}. A condition that is not configured (no threshold, a 0 %

@@ -111,7 +111,7 @@ def not_found_message(message: str) -> str:
 
 
 def error_envelope_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    """Every API error as {"error": {"code", "message", "fields"}} (SPEC §6)."""
+    """Every API error as {"error": {"code", "message", "fields"}} (docs/SPEC.md §6)."""
     if isinstance(exc, RequestDataTooBig):
         exc = ApiError(f"The request body is too large: {exc}", code="too_large", status_code=413)
     elif isinstance(exc, SuspiciousOperation):  # e.g. TooManyFieldsSent: more than 1,000 form fields

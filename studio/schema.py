@@ -1,5 +1,6 @@
 """The OpenAPI schema (drf-spectacular): our authentication classes, and StudioAutoSchema,
-which makes every operation say what it really answers (issue 13, item 6)."""
+which makes every operation say what it really answers: its paginated
+shape, its error responses and one tag per resource."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ class ErrorDetailSerializer(serializers.Serializer):
 
 
 class ErrorSerializer(serializers.Serializer):
-    """The error envelope of every API error (SPEC §6)."""
+    """The error envelope of every API error (docs/SPEC.md §6)."""
 
     error = ErrorDetailSerializer()
 

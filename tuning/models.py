@@ -58,7 +58,7 @@ class TuningJobQuerySet(models.QuerySet["TuningJob"]):
 
 
 class TuningJob(models.Model):
-    """A hyperparameter search (SPEC §2). `base_job` is a job spec as POST /api/v1/jobs/
+    """A hyperparameter search (docs/SPEC.md §2). `base_job` is a job spec as POST /api/v1/jobs/
     takes it (validated, without project and name) minus the tuned hyperparameters;
     `parameter_ranges` says what to tune:
 

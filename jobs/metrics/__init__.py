@@ -2,7 +2,7 @@
 database (ingest), the downsampled and raw history reads (downsample), the live
 server-sent events (live) and the log history reads (logs).
 
-The flow (ARCHITECTURE.md "Data flows" 2): trainyard.log_metric → Redis stream per job →
+The flow (docs/SPEC.md §4): trainyard.log_metric → Redis stream per job →
 flusher → MetricPoint rows (unique on job, name, step, rank) and their M4 rollups
 (MetricChunk, rollups) → API; the SSE endpoint tails the same streams for live charts."""
 

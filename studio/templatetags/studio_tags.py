@@ -1,7 +1,7 @@
 """Display helpers every page shares: relative times, status badges, byte sizes.
 
 Statuses are drawn with one CSS class per status (`badge--training`, `badge--ready`, …)
-so a colour means the same thing on every page (SPEC §7)."""
+so a colour means the same thing on every page (docs/SPEC.md §7)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ register = template.Library()
 # Status value → badge modifier. Values not listed fall back to a neutral grey, so an
 # unexpected status is still shown (never hidden), just without a meaning colour.
 BADGE_CLASSES: dict[str, str] = {
-    # training jobs (SPEC §3)
+    # training jobs (docs/SPEC.md §3.2)
     "pending": "grey",
     "starting": "blue",
     "training": "violet",
@@ -33,7 +33,7 @@ BADGE_CLASSES: dict[str, str] = {
     "validating": "blue",
     "ready": "green",
     "invalid": "red",
-    # human loops (SPEC §5)
+    # human loops (docs/SPEC.md §5)
     "inprogress": "blue",
     "expired": "grey",
     # nodes: available is healthy, busy is doing work, warm keeps a process alive
