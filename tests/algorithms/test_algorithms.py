@@ -1,5 +1,5 @@
 """Built-in algorithms run the way the runner will run them: a job directory laid out as
-SPEC §3 says, SM_* variables, `python -m torch.distributed.run ... -m algorithms.X`.
+docs/SPEC.md §3.4 says, SM_* variables, `python -m torch.distributed.run ... -m algorithms.X`.
 Most runs are tiny and in-process (same code path below the launcher); a few go through
 torchrun for real, one with two DDP processes.
 
@@ -60,7 +60,7 @@ class RunResult:
 
 
 class JobDir:
-    """A job directory as SPEC §3 lays it out; write channel files under channel(name)."""
+    """A job directory as docs/SPEC.md §3.4 lays it out; write channel files under channel(name)."""
 
     def __init__(self, root: Path, hyperparameters: dict | None = None) -> None:
         self.root = root

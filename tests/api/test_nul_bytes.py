@@ -1,6 +1,6 @@
 """A NUL character (%00 / \\u0000) in a URL or a body is a 400 naming where it is, on every
 endpoint, never the 500 PostgreSQL's "text fields cannot contain NUL" turned it into
-(issue 13, item 5). The operations come from the OpenAPI schema, so endpoints added
+when the row was written. The operations come from the OpenAPI schema, so endpoints added
 later are covered without editing this file."""
 
 from __future__ import annotations

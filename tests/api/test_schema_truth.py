@@ -1,5 +1,5 @@
 """What the OpenAPI schema says about every operation, checked against the URLconf and the
-real paginator (issue 13, item 6); the fuzzer (test_schema_fuzz.py) checks it against the
+real paginator; the fuzzer (test_schema_fuzz.py) checks it against the
 answers. Plus: the schema is valid OpenAPI 3, and the docs page groups the operations
 per resource in a real browser."""
 

@@ -1,4 +1,4 @@
-"""Parts of a running studio die mid-job and nothing is lost (issue 4, "Node loss"):
+"""Parts of a running studio die mid-job and nothing is lost (docs/SPEC.md §3.6):
 
 - kill -9 of a node worker and its job processes → the attempt is marked lost, the job
   retries on a live node from its last checkpoint and completes, one point per step;

@@ -1,5 +1,5 @@
 """A delete interrupted by killing the worker leaves nothing half-deleted, and a rerun
-completes it (issue 13, item 2): the rows go in one transaction together with the intent
+completes it (docs/SPEC.md §6, deleting): the rows go in one transaction together with the intent
 (PendingDeletion and its URIs); a real control worker removes the store objects one URI at
 a time and is killed with SIGKILL midway; a fresh worker's sweep finishes the rest."""
 

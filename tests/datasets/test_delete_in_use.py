@@ -1,4 +1,4 @@
-"""Deleting a dataset (version) that something reads (issue 13, item 2): the refusal names
+"""Deleting a dataset (version) that something reads: the refusal names
 what reads it and links to it; a version used only by a batch prediction is refused like
 one a job uses (it was an uncaught ProtectedError, a 500); and delete_dataset checks use
 inside the transaction that deletes, so it is all or nothing even when a job starts

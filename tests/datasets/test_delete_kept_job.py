@@ -1,6 +1,6 @@
-"""Found by using the studio (helper 9): deleting a dataset version that a job reads says
+"""Found by using the studio: deleting a dataset version that a job reads says
 "delete that job first" — but when a registered model came from that job, deleting the job
-only archives it (issue 13, item 2), and the version stays in use for ever: the refusal asked
+only archives it (docs/SPEC.md §6), and the version stays in use for ever: the refusal asked
 for the impossible again. It now says the job is kept for the model version and what to delete."""
 
 from __future__ import annotations

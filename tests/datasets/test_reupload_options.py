@@ -1,4 +1,4 @@
-"""Issue 13, item 7: the same files registered with other reading options (label column,
+"""The same files registered with other reading options (label column,
 delimiter, split, format, text column) are a new version; only the same files with the
 same options return the existing one, and then the answer says plainly that nothing
 changed and why. A version in which no label column was found says so on its page."""

@@ -1,4 +1,4 @@
-"""Issue 13, item 14, dataset pages: a description written in Markdown is rendered (and
+"""Small things the dataset pages get right: a description written in Markdown is rendered (and
 sanitised: no script, no on* handlers, no javascript: links); the page lists the jobs that
 trained on the dataset, through a fragment the jobs app serves."""
 

@@ -1,4 +1,4 @@
-"""A dataset version's files read back through the API (issue 13 item 9): the listing, one
+"""A dataset version's files read back through the API: the listing, one
 file, all of them as a zip; streamed in chunks from a file:// store, a presigned redirect
 from S3 (moto's server over real HTTP); readers may download, outsiders get 404, and no
 path escapes the version's root."""

@@ -1,5 +1,5 @@
 """The API docs page (/api/docs/, Swagger UI) in a real browser (Debian chromium): one
-group per resource, not one flat "v1" list (issue 13, item 6)."""
+group per resource, not one flat "v1" list."""
 
 from __future__ import annotations
 

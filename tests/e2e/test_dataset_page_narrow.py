@@ -1,6 +1,6 @@
 """Found by using the studio (helper 9): at a phone's width (390 px) the dataset page was
 632 px wide, because the schema table (7 columns) did not scroll inside its panel as the
-other tables do (issue 13, item 14 fixed the same on the review inbox)."""
+other tables do (the review inbox's table was fixed the same way)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Deleting from the pages in a real browser (issue 13, item 2): a job's Delete opens a
+"""Deleting from the pages in a real browser: a job's Delete opens a
 dialog that lists what goes with it (artifacts, checkpoints, metric points, with counts)
 and deletes on confirm; a model version an endpoint serves cannot be deleted, and its
 dialog names the endpoint with a link to it. Screenshots: /tmp/trainyard-delete-*.png."""

@@ -1,4 +1,4 @@
-"""Issue 13, items 7 and 8 in a real browser (Debian chromium through Playwright): the job
+"""Data that fits the algorithm, in a real browser (Debian chromium through Playwright): the job
 form offers, for the chosen algorithm, only the dataset versions it can train on; the
 others are listed disabled with the reason, the same sentence the API answers with. A
 version in which no label column was found is unusable for a classifier until a label

@@ -1,4 +1,4 @@
-"""Issue 13, items 13 and 14, on the job page in chromium: a live chart redraws a few times
+"""Live charts on the job page in chromium: a live chart redraws a few times
 a second however fast points arrive (throttled to the frame, traces extended, not redrawn),
 and a system chart with one sample shows a minute around it, not milliseconds.
 

@@ -1,4 +1,4 @@
-"""Issue 13, item 12, in a real browser (Debian chromium): floats read as 4 significant
+"""Numbers and wide tables in a real browser (Debian chromium): floats read as 4 significant
 digits with the exact value on hover; the trials table of a wide search scrolls inside its
 card with the trial number kept in view; the job page's side panel does not break
 hyperparameter names mid-word; a parameter importance drawn from few trials says so; and

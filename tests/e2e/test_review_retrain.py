@@ -1,4 +1,4 @@
-"""Issue 13 item 1 in a real browser (Debian chromium through Playwright): the flow page's
+"""Export and retrain in a real browser (Debian chromium through Playwright): the flow page's
 export asks the server what the new version holds and says it in the confirm dialog
 ("60 rows of animals v1 + 6 reviewed, 2 relabelled"), Retrain's dialog names the job, the
 data and the validation set it keeps, and a job measured on fewer than 30 validation

@@ -1,5 +1,5 @@
 """A batch prediction's predictions.jsonl, downloaded through the API and linked from the
-model's page (issue 13 item 9): the bytes the batch wrote, streamed; readers only; 409
+model's page: the bytes the batch wrote, streamed; readers only; 409
 until the batch completes; a presigned redirect where the object store is S3."""
 
 from __future__ import annotations

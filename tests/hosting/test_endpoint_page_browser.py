@@ -1,7 +1,7 @@
 """The endpoint page in a real browser (Debian chromium through Playwright) against the
 live server: try-it clears the previous answer when a request fails and re-reads the
-invocation counter after each request (issue 13 item 11); the version and review flow are
-changed on the page through the same action as PATCH /api/v1/endpoints/<name>/ (item 10)."""
+invocation counter after each request; the version and review flow are
+changed on the page through the same action as PATCH /api/v1/endpoints/<name>/."""
 
 from __future__ import annotations
 

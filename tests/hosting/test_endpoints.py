@@ -1,6 +1,6 @@
 """Endpoints: create, invoke (one row, many rows, the wrong shape), the predictor loaded
 once per process, the atomic version switch under load, human loops by confidence, and
-who may do what (issue 6 item 2)."""
+who may do what."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The invocation counter the endpoint page shows (issue 13 item 11): reading an endpoint
+"""The invocation counter the endpoint page shows: reading an endpoint
 writes this process's pending counts first, and a read with nothing pending does not
 delay the next invocation's own write (which another process's page may be waiting for)."""
 

@@ -1,4 +1,4 @@
-"""Issue 13, item 14: an invocation with a categorical value the model never saw in training
+"""An invocation with a categorical value the model never saw in training
 still predicts (encoded as none of the known values), and the response says so in
 `warnings`, naming the instance, the column and the known values."""
 

@@ -1,4 +1,4 @@
-"""Registering models from training jobs, reading and downloading them (issue 6 item 1)."""
+"""Registering models from training jobs, reading and downloading them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What the endpoint, job and tuning pages let a scientist do (issue 13 item 10), through
+"""What the endpoint, job and tuning pages let a scientist do, through
 Django's test client: switch the served version and attach or detach a review flow (the
 same action as PATCH /api/v1/endpoints/<name>/), register a completed job or a search's
 best trial as a model, and pick a job in the register form by its key metric."""

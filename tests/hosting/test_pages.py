@@ -56,7 +56,7 @@ def test_models_list_and_detail_show_versions_metrics_and_escape_names(teammate,
     assert "validation_accuracy" in body and "biomes-live" in body
     detail = client.get(reverse("model-detail", args=[version.model_id])).content.decode()
     assert 'id="versions-table"' in detail and f"#{demo_job.pk}" in detail
-    # The training data by name (issue 13: it read "train: #1").
+    # The training data by name (it used to read "train: #1").
     assert "label_column=label" in detail and f"train: <a href=\"/datasets/{demo_job.inputs.get().dataset_version.dataset_id}/" in detail
     assert reverse("api-model-version-download", args=[version.model_id, 1]) in detail
     assert "<b>bold</b>" not in detail

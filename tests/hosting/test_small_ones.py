@@ -1,4 +1,4 @@
-"""Issue 13, item 14: a model version names the data it was trained on ("train:
+"""A model version names the data it was trained on ("train:
 demo-held-out v1", linked), not a bare id."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 13, item 14, in chromium: the endpoint-name pattern compiles under the `v` flag
+"""Small things of the hosting pages, in chromium: the endpoint-name pattern compiles under the `v` flag
 (Chromium's rule for `pattern`), so the browser checks the name again; the model page names
 its training data; the favicon loads; two compared jobs get colours far apart in hue and
 different dashes."""

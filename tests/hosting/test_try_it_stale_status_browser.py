@@ -1,6 +1,6 @@
-"""Found by using the studio (helper 9): after a prediction, instances that are not valid JSON
+"""Found by using the studio: after a prediction, instances that are not valid JSON
 showed the parse error but kept "Answered by version 1." beside Predict, as if the new input had
-been answered. A client-side error clears that note too (issue 13 item 11: clear the result)."""
+been answered. A client-side error clears that note too: a failed request clears the previous result."""
 
 from __future__ import annotations
 

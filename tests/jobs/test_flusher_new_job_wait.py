@@ -1,5 +1,5 @@
 """The flusher notices a job that just started within NEW_JOB_WAIT_MS, whatever its
-`block_ms` (issue 13 item 4: a warm job's first metric is in the API within a second of
+`block_ms` (so a warm job's first metric is in the API within a second of
 its submit). It used to wait out the whole block — 500 ms under `studio flusher` — on the
 streams it already knew, or asleep when it knew none, before looking for new jobs.
 Real Redis, real database."""

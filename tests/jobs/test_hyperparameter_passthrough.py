@@ -1,5 +1,5 @@
-"""Hyperparameters reach a script exactly as given (SPEC §8: nothing between the launcher
-and the script parses them) — whatever they look like to torch.distributed.run's parser:
+"""Hyperparameters reach a script exactly as given (docs/SPEC.md §3.5: nothing between the
+launcher and the script parses them) — whatever they look like to torch.distributed.run's parser:
 names that are prefixes of its options (`--start` of --start-method, `--log` of --log_dir),
 its own option names, values that begin with `-`, hold spaces, `=` or `$`.
 

@@ -1,5 +1,5 @@
 """The SDK sends a process's first metric point at once, not after its flush interval
-(issue 13 item 4: a warm job's first metric is in the API within a second of its
+(so a warm job's first metric is in the API within a second of its
 submit; the interval used to add a fixed 100 ms). Later points are still batched.
 Real Redis."""
 

@@ -1,4 +1,4 @@
-"""Issue 13, item 8: a built-in algorithm is given only data it can train on. Submit checks
+"""A built-in algorithm is given only data it can train on. Submit checks
 each channel's dataset version against the algorithm (format, label column, text column,
 classes, the files it reads) and answers 400 naming the channel (`inputs.train`) and why,
 instead of a job that fails seconds after it starts. A script job is not restricted, and a

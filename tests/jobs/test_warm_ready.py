@@ -1,4 +1,4 @@
-"""A warm pool is warm the moment its job ends (issue 13 item 4): the node's fork server
+"""A warm pool is warm the moment its job ends: the node's fork server
 (jobs.runner.warm) starts importing torch while the job that opens the pool still runs, so
 a job submitted as soon as that one ended — every tuning trial, every edit-run loop — forks
 from a server that was ready before the pool existed, instead of waiting for its import.

@@ -1,4 +1,4 @@
-"""Issue 13, item 14: a flow with one reviewer per item does not promise tie-breaking (a tie
+"""A flow with one reviewer per item does not promise tie-breaking (a tie
 needs two answers)."""
 
 from __future__ import annotations

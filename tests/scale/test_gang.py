@@ -1,4 +1,4 @@
-"""Gang scheduling and multi-node DDP on three simulated nodes (issue 4)."""
+"""Gang scheduling and multi-node DDP on three simulated nodes (docs/SPEC.md §3.6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Warm pools (SPEC §3 keep_alive_seconds): a job's node stays reserved after it ends,
+"""Warm pools (keep_alive_seconds, docs/SPEC.md §3.6): a job's node stays reserved after it ends,
 holding a fork server with torch imported; the next matching job starts there."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """DELETE on the detail URL of jobs, tuning jobs, models, model versions, endpoints, flows
-and work teams (issue 13, item 2): 204 deleted, 200 with the object when archived, 409
+and work teams (docs/SPEC.md §6): 204 deleted, 200 with the object when archived, 409
 with the error envelope naming what blocks it; the store objects go in the background
 (studio.deletion.run_deletion, called here as the task calls it)."""
 

@@ -1,4 +1,4 @@
-"""The pages' Delete (issue 13, item 2): every kind's page has a Delete button whose dialog
+"""The pages' Delete: every kind's page has a Delete button whose dialog
 says what goes (with counts) or what blocks it (named, linked); POST deletes through the
 same action as the API; viewers get neither the button nor the delete."""
 

@@ -152,7 +152,7 @@ def test_nodes_page_empty_state(teammate):
 def test_pages_load_htmx_and_no_cdn(teammate):
     body = login(teammate).get(reverse("overview")).content.decode()
     assert "/static/django_htmx/htmx" in body
-    assert re.search(r"/static/css/studio\.[0-9a-f]{12}\.css", body)  # hashed: cached for good (issue 13)
+    assert re.search(r"/static/css/studio\.[0-9a-f]{12}\.css", body)  # hashed: cached for good
     assert "https://" not in body and "http://" not in body.replace('xmlns="http://www.w3.org', "")
     assert "plotly" not in body  # only pages with charts load it
 

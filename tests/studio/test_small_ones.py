@@ -1,4 +1,4 @@
-"""Issue 13, item 14, the small ones a page shows (Django's test client): the login page
+"""The small things a page shows (Django's test client): the login page
 names `studio adduser`; breadcrumbs name the project; the timeline shows a status once
 with its notes under it; a failed job without metrics does not promise a chart; the
 browser's /favicon.ico finds the favicon."""

@@ -1,4 +1,4 @@
-"""Issue 13, item 13: static files go out as production sends them. A page links plotly by
+"""Static files go out as production sends them. A page links plotly by
 its hashed name; that file comes gzip- or brotli-compressed, whichever the browser accepts,
 with a ten-year immutable cache (it was 4.8 MB uncompressed with a 60 s cache)."""
 

@@ -1,4 +1,4 @@
-"""Issue 13, item 12, server side: the tuning page reads a fixed number of queries however
+"""The tuning page's cost, server side: the tuning page reads a fixed number of queries however
 many trials the search has (no query per trial), shows floats to 4 significant digits with
 the exact value in the title, and says when its parameter importances come from few trials."""
 
