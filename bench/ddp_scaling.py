@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""DDP throughput on 1 vs 2 processes of this machine (issue 4): samples/s and scaling
+"""DDP throughput on 1 vs 2 processes of this machine: samples/s and scaling
 efficiency, each beside the one-process baseline from the same run.
 
     python bench/ddp_scaling.py [--steps 60] [--repeat 2]

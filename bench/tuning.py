@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Hyperparameter searches run through the product (issue 5): search quality, bayesian vs.
+"""Hyperparameter searches run through the product: search quality, bayesian vs.
 random, and the wall time of parallel trials on 2 nodes vs. 1.
 
     python bench/tuning.py [--seeds 5] [--trials 30] [--only quality,scaling]

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Submit → first metric visible in the API: cold vs. warm right after vs. warm later
-(warm pools, SPEC §3 keep_alive_seconds; issue 13 item 4).
+(warm pools: `keep_alive_seconds`, docs/SPEC.md §3.6).
 
     python bench/warm_start.py [--repeat 3] [--later 10] [--job script|tabular]
 

@@ -34,8 +34,8 @@ class EmbeddedRedis:
     def __init__(self, data_dir: Path | None = None, port: int | None = None, *, durable: str = "no"):
         """durable: "no" (memory only), "everysec" or "always" — an append-only file in
         data_dir, fsynced each second or on every write, so a restarted Redis comes back
-        with its streams, consumer groups and queued tasks (ARCHITECTURE: a Redis restart
-        loses no metric point)."""
+        with its streams, consumer groups and queued tasks (a Redis restart loses no
+        metric point)."""
         self.data_dir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="trainyard-redis-"))
         self.port = port or free_port()
         self.durable = durable

@@ -162,7 +162,7 @@ def sig(value: object, digits: int = SIGNIFICANT_DIGITS) -> SafeString | str:
     writes them), text and JSON values are shown as they are; "—" for none.
 
     Every page that shows a hyperparameter, an objective or a metric uses it, so a number
-    reads the same everywhere (issue 13: trials showed 17 digits)."""
+    reads the same everywhere (a trial's value used to show 17 digits)."""
     if value is None or value == "":
         return "—"
     if isinstance(value, float) and not isinstance(value, bool):

@@ -1,4 +1,4 @@
-"""Found by using the studio (helper 9): Python's json reads 1e400 as inf, which no JSON column
+"""Found by using the studio: Python's json reads 1e400 as inf, which no JSON column
 can store, so a body holding it was a 500 when the row was written (a script job's
 hyperparameters: SQLite's JSON_VALID check; PostgreSQL refuses Infinity in jsonb too).
 Such a number is a 400 naming where it is, like a NUL."""

@@ -1,4 +1,4 @@
-"""Found by using the studio (helper 9): at a phone's width (390 px) the dataset page was
+"""Found by using the studio: at a phone's width (390 px) the dataset page was
 632 px wide, because the schema table (7 columns) did not scroll inside its panel as the
 other tables do (the review inbox's table was fixed the same way)."""
 

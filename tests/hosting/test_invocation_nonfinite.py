@@ -1,4 +1,4 @@
-"""Found by using the studio (helper 9): an invocation body holding NaN, Infinity or a number
+"""Found by using the studio: an invocation body holding NaN, Infinity or a number
 too large for a float (1e400) was accepted by Python's json module; with a review flow attached
 the human loop's JSON column refused it (a 500), without one the answer was not valid JSON.
 JSON has no such numbers: the body is a 400 that says why."""

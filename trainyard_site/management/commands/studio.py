@@ -175,7 +175,7 @@ class Command(BaseCommand):
 
     def _keep_running(self, supervisor: Supervisor, stop: threading.Event) -> str:
         """Once the studio is up, a child that dies is started again (a killed node
-        worker is a machine that rebooted: its job retries elsewhere, SPEC §3), at most
+        worker is a machine that rebooted: its job retries elsewhere, docs/SPEC.md §3.6), at most
         RESTARTS_PER_CHILD times in RESTART_WINDOW_SECONDS; then the studio stops."""
         recent: dict[str, list[float]] = {}
         while True:
@@ -387,7 +387,7 @@ def _child_specs(*, host: str, port: int, nodes: int, env: dict[str, str]) -> li
     manage = str(Path(settings.BASE_DIR) / "manage.py")
     cwd = Path(settings.BASE_DIR)
     # gthread: a server-sent-event stream holds one thread, not a whole worker process
-    # (ARCHITECTURE "Serving": sync workers would be exhausted by a few open charts).
+    # (sync workers would be exhausted by a few open charts).
     web = [sys.executable, "-m", "gunicorn", "studio.wsgi:application", "-k", "gthread", "--workers", "2",
            "--threads", "8", "--bind", f"{host}:{port}", "--timeout", "120", "--graceful-timeout", "10",
            # The control socket defaults to one path per user: two studios would fight over it.
