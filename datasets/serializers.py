@@ -5,8 +5,8 @@ import json
 from rest_framework import serializers
 
 from datasets.models import Dataset, DatasetFormat, DatasetVersion
-from datasets.splits import parse_split
 from studio.validators import clean_name
+from trainyard.records import parse_split
 
 
 class DatasetCreateSerializer(serializers.Serializer):

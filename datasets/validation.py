@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from datasets.formats import EXTENSION_FORMATS, FORMATS, ScanOptions, make_scanner
-from datasets.formats.common import CHANNEL_ALIASES, ByteSource, ErrorLog, Scanner
-from datasets.formats.imagefolder import IMAGE_EXTENSIONS, class_of
+from datasets.formats.common import ByteSource, ErrorLog, Scanner
+from datasets.formats.imagefolder import class_of
 from datasets.hashing import combine_content_hash
-from datasets.splits import CHANNELS, assign_channel, count_channels, parse_split
+from trainyard.records import CHANNELS, IMAGE_EXTENSIONS, assign_channel, channel_of_path, count_channels, parse_split
 
 PROGRESS_EVERY_SECONDS = 0.25
 
@@ -64,18 +64,6 @@ def infer_format(paths: list[str]) -> str | None:
     if format == "image_folder" and all(class_of(path) is None for path in paths):
         return None
     return format
-
-
-def channel_of_path(path: str) -> str:
-    """The channel a file's name or top folder names: train.csv, val.jsonl, test/cat/1.png."""
-    parts = path.split("/")
-    if len(parts) > 1 and parts[0].lower() in CHANNEL_ALIASES:
-        return CHANNEL_ALIASES[parts[0].lower()]
-    # An image called test.png is a picture of a test, not the test channel.
-    if path.lower().endswith(IMAGE_EXTENSIONS):
-        return ""
-    stem = parts[-1].split(".", 1)[0].lower()
-    return CHANNEL_ALIASES.get(stem, "")
 
 
 def assign_file_channels(files: list[DataFile]) -> list[DataFile]:
@@ -160,7 +148,7 @@ def validate_files(
        scanner checks it. 3. Count records per channel and assemble the report.
 
     Files without a channel go to the split when one is given (record by record,
-    see datasets.splits), else to train.
+    see trainyard.records), else to train.
     """
     errors = ErrorLog()
     if not files:

@@ -41,9 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from datasets.models import DatasetVersion
-from datasets.splits import CHANNELS, assign_channel
 from datasets.storage import store_for
 from jobs.runner.staging import VersionFacts, materialise_split, plan_channel
+from trainyard.records import CHANNELS, assign_channel
 
 SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
 IMAGE_EXTENSIONS = {"image/png": "png", "image/jpeg": "jpg", "image/jpg": "jpg"}
@@ -186,7 +186,7 @@ def local_part(part: Part, base: DatasetVersion, work: Path, index: int) -> Path
 
 
 def _parsed_split(base: DatasetVersion) -> dict:
-    from datasets.splits import parse_split
+    from trainyard.records import parse_split
 
     return parse_split(base.split or {})
 

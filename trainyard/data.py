@@ -12,19 +12,20 @@ by URI; this module reads them from the object store while training:
 
 file:// URIs are opened directly, s3:// through boto3 (credentials and AWS_ENDPOINT_URL
 from the environment). For a version split by seed, `iter_lines` yields only the records
-the split gives this channel, numbered exactly as validation numbered them. No Django.
+the split gives this channel, read and numbered by `trainyard.records` as validation
+numbered them. No Django.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import unquote, urlparse
+
+from trainyard.records import channel_selector, csv_delimiter, iter_records, open_text
 
 MANIFEST = "manifest.json"
 
@@ -77,57 +78,18 @@ def iter_lines(channel_dir: str | os.PathLike[str]) -> Iterator[str]:
     split, channel = (manifest or {}).get("split"), (manifest or {}).get("channel")
     header_sent = False
     for entry in entries:
-        keep = _selector(split, channel, int(entry.get("first_index") or 0)) if entry.get("split") else None
+        keep = None
+        if entry.get("split") and split and channel:
+            keep = channel_selector(split, channel, int(entry.get("first_index") or 0))
+        delimiter = csv_delimiter(entry["path"], (manifest or {}).get("delimiter") or "")
         with open_uri(entry["uri"]) as stream:
-            text = io.TextIOWrapper(stream, encoding="utf-8-sig", errors="replace", newline="\n")
-            if file_format == "csv":
-                delimiter = (manifest or {}).get("delimiter") or ("\t" if entry["path"].endswith(".tsv") else ",")
-                for index, (is_header, record) in enumerate(_csv_records(text, delimiter)):
-                    if is_header:
-                        if not header_sent:
-                            header_sent = True
-                            yield record
-                    elif keep is None or keep(index - 1):
+            for number, record in iter_records(open_text(stream), file_format, delimiter):
+                if number is None:
+                    if not header_sent:
+                        header_sent = True
                         yield record
-                continue
-            index = 0
-            for line in text:
-                content = line.rstrip("\n")
-                if file_format == "text" and line.endswith("\n"):
-                    content = content.removesuffix("\r")
-                if content == "" or (file_format != "text" and content.isspace()):
-                    continue
-                if keep is None or keep(index):
-                    yield line if line.endswith("\n") else line + "\n"
-                index += 1
-
-
-def _selector(split: dict | None, channel: str | None, first_index: int):
-    if not split or not channel:
-        return None
-    # The studio's own split function (the job's PYTHONPATH has the studio's code): one
-    # definition of which record goes where, shared with validation and file staging.
-    from datasets.splits import assign_channel
-
-    return lambda index: assign_channel(first_index + index, split) == channel
-
-
-def _csv_records(text: IO[str], delimiter: str) -> Iterator[tuple[bool, str]]:
-    consumed: list[str] = []
-
-    def lines() -> Iterator[str]:
-        for line in text:
-            consumed.append(line)
-            yield line
-
-    header = True
-    for row in csv.reader(lines(), delimiter=delimiter):
-        record = "".join(consumed)
-        consumed.clear()
-        if not row:
-            continue
-        yield header, record if record.endswith("\n") else record + "\n"
-        header = False
+                elif keep is None or keep(number):
+                    yield record
 
 
 def _guess_format(entries: list[dict[str, Any]]) -> str:

@@ -23,13 +23,6 @@ PREVIEW_ROWS = 20
 PREVIEW_TEXT_CHARS = 500
 BATCH_ROWS = 4096
 LABEL_NAMES = ("label", "target", "class", "y", "category")
-CHANNEL_ALIASES = {
-    "train": "train",
-    "validation": "validation",
-    "valid": "validation",
-    "val": "validation",
-    "test": "test",
-}
 BOOLEAN_WORDS = frozenset({"true", "false"})
 UTF8_BOM = b"\xef\xbb\xbf"
 

@@ -25,6 +25,7 @@ from datasets.formats.common import (
     missing_column_message,
     truncate,
 )
+from trainyard.records import csv_delimiter
 
 if TYPE_CHECKING:
     from _csv import Reader as CsvReader
@@ -50,9 +51,7 @@ class CsvScanner:
         self.preview: list[dict] = []
 
     def delimiter_for(self, path: str) -> str:
-        if self.options.delimiter:
-            return self.options.delimiter
-        return "\t" if path.lower().endswith(".tsv") else ","
+        return csv_delimiter(path, self.options.delimiter)
 
     def scan(self, path: str, source: ByteSource, record_channel: Callable[[int], str]) -> int:
         """1. Read the header and check it (delimiter, duplicates, label, same as the

@@ -11,13 +11,12 @@ from collections.abc import Callable
 from PIL import Image
 
 from datasets.formats.common import (
-    CHANNEL_ALIASES,
     PREVIEW_ROWS,
     ByteSource,
     ScanOptions,
 )
+from trainyard.records import CHANNEL_ALIASES, IMAGE_EXTENSIONS
 
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
 # Images are read whole into memory to decode them; anything bigger than this is not a
 # training image a folder-of-classes trainer could use anyway.
 MAX_IMAGE_BYTES = 64 * 1024 * 1024

@@ -18,6 +18,7 @@ from datasets.formats.common import (
     missing_column_message,
     truncate,
 )
+from trainyard.records import is_jsonl_record
 
 _JSON_TYPE_NAMES = {list: "an array", str: "a string", int: "a number", float: "a number",
                     bool: "true/false", type(None): "null"}
@@ -41,7 +42,7 @@ class JsonlScanner:
         batch: list[dict] = []
         for first_line, text in iter_text_chunks(source, path, self.errors):
             for offset, line in enumerate(text.split("\n")):
-                if not line or line.isspace():
+                if not is_jsonl_record(line):
                     continue
                 records += 1
                 try:

@@ -12,6 +12,7 @@ from datasets.formats.common import (
     iter_text_chunks,
     truncate,
 )
+from trainyard.records import text_lines
 
 # Small vocabularies are listed in the schema so a char-level trainer can build its
 # embedding table without a second pass over the data.
@@ -29,13 +30,9 @@ class TextScanner:
     def scan(self, path: str, source: ByteSource, record_channel: Callable[[int], str]) -> int:
         records = 0
         for first_line, text in iter_text_chunks(source, path, self.errors):
-            if "\r" in text:
-                text = text.replace("\r\n", "\n")  # a CRLF file trains the same model as an LF one
+            text, lines = text_lines(text)  # a CRLF file trains the same model as an LF one
             self.characters += len(text)
             self.vocabulary.update(text)
-            lines = text.split("\n")
-            if text.endswith("\n"):
-                lines.pop()  # the piece after the final newline is not a line
             self.lines += len(lines)
             non_empty = len(lines) - lines.count("")
             if len(self.preview) < PREVIEW_ROWS:

@@ -5,8 +5,8 @@ Which records a channel gets (the rule; README "Channels"):
     version that has records for that channel gets exactly those: the version's files
     of that channel (a top folder naming the channel is dropped: train/cat/1.png →
     cat/1.png) plus, for a version with a seeded `split`, the records of its unassigned
-    files that the split sends to that channel (`datasets.splits.assign_channel`, records
-    counted exactly as validation counted them).
+    files that the split sends to that channel (`trainyard.records`: records numbered
+    exactly as validation numbered them).
   - Any other channel (a custom name, or a version without that channel) gets the whole
     version, every file under its own path.
 
@@ -20,7 +20,6 @@ channel folder holds `manifest.json` with the files' URIs (trainyard.data reads 
 from __future__ import annotations
 
 import contextlib
-import csv
 import hashlib
 import io
 import json
@@ -32,9 +31,17 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO
 
-from datasets.formats.common import CHANNEL_ALIASES
-from datasets.splits import CHANNELS, assign_channel
 from datasets.storage import CHUNK, StorageError, store_for
+from trainyard.records import (
+    CHANNEL_ALIASES,
+    CHANNELS,
+    assign_channel,
+    channel_selector,
+    csv_delimiter,
+    iter_records,
+    open_text,
+    strip_channel_folder,
+)
 
 MANIFEST = "manifest.json"
 
@@ -93,15 +100,8 @@ def plan_channel(channel: str, version: VersionFacts) -> ChannelPlan:
         available |= {name for name in CHANNELS if float(version.split.get(name, 0) or 0) > 0}
     if wanted is None or wanted not in available:
         return ChannelPlan(None, [(f, f["path"]) for f in sorted(version.files, key=lambda f: f["path"])], [])
-    whole = [(f, _strip_channel_folder(f["path"])) for f in named if f["channel"] == wanted]
+    whole = [(f, strip_channel_folder(f["path"])) for f in named if f["channel"] == wanted]
     return ChannelPlan(wanted, whole, unassigned if version.split else [])
-
-
-def _strip_channel_folder(path: str) -> str:
-    parts = path.split("/")
-    if len(parts) > 1 and parts[0].lower() in CHANNEL_ALIASES:
-        return "/".join(parts[1:])
-    return path
 
 
 def _safe_relative(path: str) -> str:
@@ -272,7 +272,7 @@ def _write_manifest(plan: ChannelPlan, version: VersionFacts, target: Path) -> N
         "dataset_version": version.id, "label": version.label, "format": version.format,
         "delimiter": version.delimiter, "label_column": version.label_column, "text_column": version.text_column,
         # Records of files marked "split" belong to this channel when
-        # datasets.splits.assign_channel(first_index + record index, split) == channel.
+        # trainyard.records.assign_channel(first_index + record index, split) == channel.
         "channel": plan.channel, "split": version.split if plan.split_files else None, "files": entries,
     }
     _atomic_write(target / MANIFEST, json.dumps(manifest, indent=1).encode())
@@ -313,66 +313,22 @@ def _stage_split(channel: str, files: list[dict], version: VersionFacts, target:
 
 
 def materialise_split(raw: Path, target: Path, version: VersionFacts, channel: str, first_index: int) -> tuple[int, int]:
-    """Write the records of `raw` that the split sends to `channel` into `target`, the
-    way validation numbered them (datasets/formats: CSV rows after the header, JSON Lines
-    and text lines that are not blank). Returns (records in the file, records written)."""
-    split = version.split
+    """Write the records of `raw` that the split sends to `channel` into `target` (a CSV
+    file's header first), each verbatim, numbered by `trainyard.records` as validation
+    numbered them. Returns (records in the file, records written)."""
+    keep = channel_selector(version.split, channel, first_index)
     records = selected = 0
+    delimiter = csv_delimiter(raw.name, version.delimiter)
     with open(raw, "rb") as binary, _writing(target) as out:
-        # utf-8-sig drops a BOM as validation does; newline="\n" splits on "\n" only, as
-        # validation's line reader does (str.splitlines would also split on \r, U+2028...).
-        text = io.TextIOWrapper(binary, encoding="utf-8-sig", errors="replace", newline="\n")
         writer = io.TextIOWrapper(out, encoding="utf-8", newline="")
-        if version.format == "csv":
-            records, selected = _split_csv(text, writer, version, raw.name, channel, first_index)
-        else:
-            for line in text:
-                content = line[:-1] if line.endswith("\n") else line
-                if version.format == "text":
-                    if line.endswith("\n") and content.endswith("\r"):
-                        content = content[:-1]  # validation reads CRLF as LF
-                    is_record = content != ""
-                else:  # jsonl
-                    is_record = bool(content) and not content.isspace()
-                if not is_record:
-                    continue
-                if assign_channel(first_index + records, split) == channel:
-                    writer.write(line if line.endswith("\n") else line + "\n")
-                    selected += 1
-                records += 1
+        for number, record in iter_records(open_text(binary), version.format, delimiter):
+            if number is None:
+                writer.write(record)
+                continue
+            if keep(number):
+                writer.write(record)
+                selected += 1
+            records = number + 1
         writer.flush()
         writer.detach()
-    return records, selected
-
-
-def _split_csv(text: IO[str], writer: IO[str], version: VersionFacts, name: str, channel: str,
-               first_index: int) -> tuple[int, int]:
-    """csv.reader pulls physical lines one at a time, so the lines it consumed for a row
-    are exactly that row's text (a quoted field may span lines): copied verbatim."""
-    consumed: list[str] = []
-
-    def lines() -> Iterator[str]:
-        for line in text:
-            consumed.append(line)
-            yield line
-
-    delimiter = version.delimiter or ("\t" if name.lower().endswith(".tsv") else ",")
-    reader = csv.reader(lines(), delimiter=delimiter)
-    records = selected = 0
-    header_written = False
-    for row in reader:
-        chunk = "".join(consumed)
-        consumed.clear()
-        if not chunk.endswith("\n"):
-            chunk += "\n"
-        if not row:
-            continue  # a blank line: not a record
-        if not header_written:
-            writer.write(chunk)
-            header_written = True
-            continue
-        if assign_channel(first_index + records, version.split) == channel:
-            writer.write(chunk)
-            selected += 1
-        records += 1
     return records, selected

@@ -12,7 +12,6 @@ import pytest
 
 from datasets.formats import common
 from datasets.hashing import combine_content_hash
-from datasets.splits import assign_channel, parse_split
 from datasets.validation import (
     DataFile,
     ValidationReport,
@@ -20,6 +19,7 @@ from datasets.validation import (
     infer_format,
     validate_files,
 )
+from trainyard.records import assign_channel, parse_split
 
 
 def write(root: Path, relative: str, content: str | bytes) -> Path:
@@ -357,12 +357,12 @@ def test_split_channel_counts_match_a_replay_of_assign_channel(tmp_path: Path) -
 
 
 def test_rounding_gap_in_ratios_never_reaches_a_zero_ratio_channel(monkeypatch: pytest.MonkeyPatch) -> None:
-    import datasets.splits as splits
+    from trainyard import records
 
     split = parse_split({"train": 0.9999999, "validation": 0.0, "test": 0.0})
-    monkeypatch.setattr(splits, "unit_interval", lambda seed, index: 0.99999995)
+    monkeypatch.setattr(records, "unit_interval", lambda seed, index: 0.99999995)
     assert assign_channel(0, split) == "train"
-    assert splits.count_channels(0, 3, split) == {"train": 3}
+    assert records.count_channels(0, 3, split) == {"train": 3}
 
 
 @pytest.mark.parametrize(("raw", "message"), [

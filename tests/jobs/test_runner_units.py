@@ -469,26 +469,3 @@ def test_the_system_sampler_publishes_cpu_and_memory(isolated_storage):
     fields = {k.decode(): v.decode() for k, v in entries[0][1].items()}
     assert fields["n"] == "node-x" and float(fields["cpu"]) >= 0 and int(fields["mem"]) > 0
     assert fields["gpu"] == "" or float(fields["gpu"]) >= 0
-
-
-@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
-def test_a_stream_channel_reads_the_same_records_as_a_file_channel(tmp_path, fmt):
-    from trainyard import data
-
-    split = {"train": 0.7, "validation": 0.3, "seed": 11}
-    if fmt == "csv":
-        files = {"a.csv": b'x,label\n"two\nlines",1\n' + b"".join(b"%d,0\n" % i for i in range(40)),
-                 "b.csv": b"x,label\n" + b"".join(b"%d,1\n" % i for i in range(30))}
-    else:
-        files = {"a.jsonl": b"".join(b'{"i": %d}\n' % i for i in range(40)), "b.jsonl": b'{"i": 99}\n\n{"i": 100}\n'}
-    version = _version(tmp_path, files, split=split)
-    cache = DataCache(tmp_path / "cache")
-
-    for channel in ("train", "validation"):
-        stage_channel(channel, "file", version, tmp_path / "file" / channel, cache)
-        stage_channel(channel, "stream", version, tmp_path / "stream" / channel, cache)
-
-        streamed = list(data.iter_lines(tmp_path / "stream" / channel))
-        from_files = list(data.iter_lines(tmp_path / "file" / channel))
-        assert streamed == from_files and len(streamed) > 3
-        assert data.read_manifest(tmp_path / "stream" / channel)["channel"] == channel
