@@ -277,7 +277,7 @@ def _fork_servers() -> list[int]:
 
 def _is_fork_server(process: psutil.Process) -> bool:
     try:
-        return "jobs.runner.forkserver" in process.cmdline() and process.status() != psutil.STATUS_ZOMBIE
+        return "jobs.runner.process.forkserver" in process.cmdline() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
 

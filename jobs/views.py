@@ -31,7 +31,7 @@ from jobs.access import get_job_for_user
 from jobs.forms import DISTRIBUTION_HELP, JobForm, clone_initial
 from jobs.models import Distribution, JobAttempt, JobEvent, JobInput, JobStatus, Node, SystemMetric, TrainingJob
 from jobs.reports import fsdp_report, partition_report
-from jobs.runner.launch import describe_exit
+from jobs.runner.process.launch import describe_exit
 from jobs.serializers import STOPPABLE
 from jobs.validation_size import validation_records
 from studio.models import Project

@@ -30,11 +30,13 @@ from django.utils import timezone
 
 from datasets.storage import StorageError, join_uri, object_uri
 from jobs.models import FINISHED_STATUSES, JobAttempt, JobInput, JobStatus, Node, NodeState, TrainingJob
-from jobs.runner import artifacts, guard, outcome
-from jobs.runner.capture import LAUNCHER_RANK, LivePublisher, OutputCapture, compile_metric_rules
+from jobs.runner import artifacts
 from jobs.runner.config import RunnerConfig
-from jobs.runner.jobdir import JobDir, LaunchFacts, build_environment, python_executable, write_config
-from jobs.runner.launch import (
+from jobs.runner.lease import LeaseKeeper
+from jobs.runner.process import guard, outcome
+from jobs.runner.process.capture import LAUNCHER_RANK, LivePublisher, OutputCapture, compile_metric_rules
+from jobs.runner.process.jobdir import JobDir, LaunchFacts, build_environment, python_executable, write_config
+from jobs.runner.process.launch import (
     RENDEZVOUS_KEY,
     LaunchSpec,
     build_command,
@@ -43,7 +45,6 @@ from jobs.runner.launch import (
     free_port,
     launch_environment,
 )
-from jobs.runner.lease import LeaseKeeper
 from jobs.runner.staging import DataCache, StagingError, VersionFacts, stage_channel
 from jobs.transitions import note, transition
 
@@ -317,7 +318,7 @@ class NodeRun:
         """Fork the job's processes from the pool's fork server; None (a cold launch
         follows) when the server is not there or not ready in time."""
         from jobs.runner import warm
-        from jobs.runner.forkserver import ForkServerError, LaunchRequest
+        from jobs.runner.process.forkserver import ForkServerError, LaunchRequest
 
         server = warm.server_for_launch(timeout=self.config.warm_ready_seconds)
         if server is None:
@@ -692,7 +693,7 @@ def script_arguments(hyperparameters: dict) -> list[str]:
     """SageMaker's script mode passes hyperparameters as `--name value` arguments too
     (sorted by name, str() of each value: a string as given, a boolean as True/False, a dict
     as k=v,k=v sorted by key), so argparse-based scripts run unchanged. SM_HPS keeps the
-    JSON values. The launch passes them on untouched (jobs.runner.launch.build_command)."""
+    JSON values. The launch passes them on untouched (jobs.runner.process.launch.build_command)."""
     args: list[str] = []
     for name in sorted(hyperparameters or {}):
         value = hyperparameters[name]

@@ -2,7 +2,7 @@
 
 A node whose job ended with `keep_alive_seconds` turns `warm` (jobs.runner.agent) and
 starts a fork server here: a child process that has imported torch and the algorithms'
-common code and waits to fork job processes (jobs.runner.forkserver). The next job of the
+common code and waits to fork job processes (jobs.runner.process.forkserver). The next job of the
 pool is launched by forking it — no interpreter start, no torch import — with the data
 cache (jobs.runner.staging.DataCache) already filled by the previous job.
 
@@ -31,7 +31,7 @@ PRELOAD = ("torch", "torch.nn", "torch.distributed", "torch._inductor.config", "
            "trainyard.metrics", "redis")
 
 _lock = threading.Lock()
-_server = None  # jobs.runner.forkserver.ForkServer
+_server = None  # jobs.runner.process.forkserver.ForkServer
 
 
 def socket_path() -> Path:
@@ -43,7 +43,7 @@ def ensure_server() -> None:
     """Start the fork server unless one is alive. Returns at once: the server imports
     torch in the background while the pool waits for its next job."""
     global _server
-    from jobs.runner.forkserver import ForkServer
+    from jobs.runner.process.forkserver import ForkServer
 
     with _lock:
         if _server is not None and _server.alive():

@@ -1,4 +1,4 @@
-"""The warm pool's fork server (jobs.runner.forkserver): a launch forked from a process that
+"""The warm pool's fork server (jobs.runner.process.forkserver): a launch forked from a process that
 has torch imported behaves like a torchrun launch — the workers' environment, rank-prefixed
 output the capture parses, the root-cause summary, signals, no orphans — and starts far
 faster than a cold interpreter."""
@@ -20,8 +20,8 @@ from typing import IO
 import psutil
 import pytest
 
-from jobs.runner.capture import LAUNCHER_RANK, OutputCapture, split_prefix
-from jobs.runner.forkserver import (
+from jobs.runner.process.capture import LAUNCHER_RANK, OutputCapture, split_prefix
+from jobs.runner.process.forkserver import (
     LOST_RETURNCODE,
     STOP_GRACE_SECONDS,
     ForkedLaunch,
@@ -30,7 +30,7 @@ from jobs.runner.forkserver import (
     LaunchRequest,
     worker_environment,
 )
-from jobs.runner.launch import RankFailure, parse_root_cause
+from jobs.runner.process.launch import RankFailure, parse_root_cause
 
 pytestmark = pytest.mark.slow
 

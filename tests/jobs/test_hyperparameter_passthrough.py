@@ -20,7 +20,7 @@ from torch.distributed.run import config_from_args, parse_args
 from datasets.storage import store_for
 from jobs.models import JobAttempt, JobStatus, Node, NodeState
 from jobs.runner.agent import script_arguments
-from jobs.runner.launch import LaunchSpec, build_command
+from jobs.runner.process.launch import LaunchSpec, build_command
 from tests.conftest import wait_for
 from tests.jobs.conftest import run_to_end
 

@@ -1,6 +1,6 @@
 """The launch of a GPU node's processes, without a GPU: the torchrun command line and the
-launcher's environment (jobs.runner.launch) and the job's SageMaker variables
-(jobs.runner.jobdir) for a node with GPUs, one node and several. The CPU forms and the
+launcher's environment (jobs.runner.process.launch) and the job's SageMaker variables
+(jobs.runner.process.jobdir) for a node with GPUs, one node and several. The CPU forms and the
 basic one-process-per-GPU case are in test_runner_units.py."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from jobs.runner.jobdir import JobDir, LaunchFacts, build_environment
-from jobs.runner.launch import LaunchSpec, build_command, launch_environment
+from jobs.runner.process.jobdir import JobDir, LaunchFacts, build_environment
+from jobs.runner.process.launch import LaunchSpec, build_command, launch_environment
 
 PY = "/venv/bin/python"
 NCCL_VARIABLES = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_DEBUG": "WARN", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}

@@ -19,12 +19,12 @@ import pytest
 
 from datasets.storage import default_store, object_uri, store_for
 from datasets.validation import DataFile, ValidationReport, validate_files
-from jobs.runner import guard
 from jobs.runner.artifacts import CheckpointSync, fetch_script
-from jobs.runner.capture import LAUNCHER_RANK, OutputCapture, compile_metric_rules, split_prefix
-from jobs.runner.jobdir import JobDir, LaunchFacts, build_environment, write_config
-from jobs.runner.launch import LaunchSpec, build_command, describe_exit, launch_environment, parse_root_cause
-from jobs.runner.outcome import Observed, judge
+from jobs.runner.process import guard
+from jobs.runner.process.capture import LAUNCHER_RANK, OutputCapture, compile_metric_rules, split_prefix
+from jobs.runner.process.jobdir import JobDir, LaunchFacts, build_environment, write_config
+from jobs.runner.process.launch import LaunchSpec, build_command, describe_exit, launch_environment, parse_root_cause
+from jobs.runner.process.outcome import Observed, judge
 from jobs.runner.staging import DataCache, StagingError, VersionFacts, plan_channel, stage_channel
 from studio.redis_conn import redis_client
 

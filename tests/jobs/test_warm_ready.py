@@ -34,7 +34,7 @@ def fork_servers(worker: NodeWorker) -> dict[int, Path]:
             command = child.cmdline()
         except psutil.Error:
             continue
-        if "jobs.runner.forkserver" in command and "--socket" in command and child.status() != psutil.STATUS_ZOMBIE:
+        if "jobs.runner.process.forkserver" in command and "--socket" in command and child.status() != psutil.STATUS_ZOMBIE:
             servers[child.pid] = Path(command[command.index("--socket") + 1])
     return servers
 

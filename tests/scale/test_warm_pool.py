@@ -58,7 +58,7 @@ def test_the_next_matching_job_reuses_the_pools_node_and_process(cluster, submit
         assert JobAttempt.objects.get(job=job).warm_start
     pid_2, cmd_2, torch_2 = _starter(second)
     pid_3, _, _ = _starter(third)
-    assert "jobs.runner.forkserver" in cmd_2 and torch_2, "forked from the pool's server, torch already imported"
+    assert "jobs.runner.process.forkserver" in cmd_2 and torch_2, "forked from the pool's server, torch already imported"
     assert pid_2 == pid_3, "both jobs came from the same pre-started process"
     assert psutil.Process(pid_2).ppid() == cluster.node(node.name).process.pid
 

@@ -5,7 +5,7 @@ Celery process) — pure functions, unit-tested for the single-node, multi-node 
 Output: `--tee 3` sends each worker's stdout and stderr through spool files in `--log_dir`
 to the launcher's own stdout and stderr, each line prefixed. The prefix template names the
 *global* rank ("[rank3]:"), which the default ("[trainer<local_rank>]:") cannot tell
-apart across nodes; jobs.runner.capture parses both forms.
+apart across nodes; jobs.runner.process.capture parses both forms.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def torchrun_literal(arg: str) -> str:
 
 
 def launch_environment(spec: LaunchSpec) -> dict[str, str]:
-    """Variables the launcher itself needs, beside the job's (jobs.runner.jobdir)."""
+    """Variables the launcher itself needs, beside the job's (jobs.runner.process.jobdir)."""
     env = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LINE_PREFIX_TEMPLATE}
     if spec.gpus > 0:
         env.update({

@@ -25,7 +25,7 @@ from typing import Any
 
 from trainyard import protocol
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 # Variables of the worker's own environment that a job may see. Everything else (the
 # database URL, the secret key, Django's settings module) stays with the worker: job
 # processes never touch the database (ARCHITECTURE "Processes").

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobs.runner.launch import describe_exit, parse_root_cause
+from jobs.runner.process.launch import describe_exit, parse_root_cause
 
 FAILURE_FILE_CHARS = 4000
 TAIL_LINES_IN_REASON = 20

@@ -8,7 +8,7 @@ then every worker imports it again: seconds; a fork: milliseconds).
     process.wait(1)          # Popen-like: .pid .stdout .stderr .poll() .wait() .returncode
 
 Three kinds of process:
-    server    `python -m jobs.runner.forkserver`, a child of the node worker in a session of
+    server    `python -m jobs.runner.process.forkserver`, a child of the node worker in a session of
               its own. Imports the preloads, listens on a Unix socket, forks one launcher per
               request and reports the launcher's exit status on that request's connection.
     launcher  a child of the server, leader of its own session and process group (the group
@@ -70,9 +70,9 @@ from pathlib import Path
 from string import Template
 from typing import IO, Any, NoReturn
 
-from jobs.runner.launch import LINE_PREFIX_TEMPLATE, ROLE, free_port
+from jobs.runner.process.launch import LINE_PREFIX_TEMPLATE, ROLE, free_port
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 STOP_GRACE_SECONDS = 5.0  # launcher: SIGTERM to its workers, SIGKILL to those left after this
 DRAIN_SECONDS = 2.0  # output still read after the last worker exited (a child of it may hold the pipe)
 REPLY_TIMEOUT_SECONDS = 30.0  # launch(): the server answers with the launcher's pid within this
@@ -144,7 +144,7 @@ def worker_environment(request: LaunchRequest, local_rank: int, master_port: int
 
 # --- the client side: what the agent holds ----------------------------------------------------
 class ForkedLaunch:
-    """One launch, shaped like subprocess.Popen for the agent and jobs.runner.guard: the
+    """One launch, shaped like subprocess.Popen for the agent and jobs.runner.process.guard: the
     launcher's pid (its process group), its output pipes, and its exit status, which the
     server (the launcher's parent) reports on the launch's connection."""
 
@@ -239,7 +239,7 @@ class ForkServer:
         if len(os.fsencode(socket_path)) >= MAX_SOCKET_PATH_BYTES:
             raise ValueError(f"socket path {socket_path} is too long for a Unix socket")
         ready_read, ready_write = os.pipe()
-        command = [python, "-m", "jobs.runner.forkserver", "--socket", str(socket_path),
+        command = [python, "-m", "jobs.runner.process.forkserver", "--socket", str(socket_path),
                    "--preload", ",".join(preload), "--ready-fd", str(ready_write), "--parent-pid", str(os.getpid())]
         try:
             # Its own session: a signal to a job's group or the worker's terminal never hits
@@ -734,7 +734,7 @@ class _Launcher:
 
 
 def failure_summary(request: LaunchRequest, failures: list[_Failure]) -> str:
-    """torchrun's ChildFailedError block, which jobs.runner.launch.parse_root_cause reads."""
+    """torchrun's ChildFailedError block, which jobs.runner.process.launch.parse_root_cause reads."""
     host = socket.gethostname()
     rule, thin = "=" * 60, "-" * 60
 
@@ -885,7 +885,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """1. Die with the node worker. 2. Import the preloads (no torch op: see fork safety).
     3. Listen, then say ready on the ready pipe. 4. Serve until killed."""
     global _libc
-    parser = argparse.ArgumentParser(prog="python -m jobs.runner.forkserver")
+    parser = argparse.ArgumentParser(prog="python -m jobs.runner.process.forkserver")
     parser.add_argument("--socket", required=True, type=Path)
     parser.add_argument("--preload", default="torch", help="comma-separated modules to import")
     parser.add_argument("--ready-fd", type=int, default=-1, help="written 'ready' and closed once listening")
@@ -894,7 +894,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if sys.platform.startswith("linux"):
         _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     _die_with_parent(signal.SIGTERM, args.parent_pid)
-    package = (__package__ or "jobs.runner").split(".")[0]
+    package = (__package__ or "jobs.runner.process").split(".")[0]
     own_modules = [name for name in sys.modules if name == package or name.startswith(package + ".")]
     preloads = [name.strip() for name in args.preload.split(",") if name.strip()]
     for name in preloads:
