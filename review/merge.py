@@ -1,4 +1,4 @@
-"""Merge reviewed records into the training data of the model they came from (issue 13).
+"""Merge reviewed records into the training data of the model they came from (docs/SPEC.md §5).
 
 "Retrain with the human labels" means: the records the source job's `train` channel read,
 with the reviewed ones added and — where a reviewed record is already among them — its
