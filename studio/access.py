@@ -5,10 +5,15 @@ outsider cannot even learn that they exist."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from django.core.exceptions import PermissionDenied
 from django.http import Http404
 
 from studio.models import ADMIN_ROLES, READ_ROLES, WRITE_ROLES, Project, Role
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AnonymousUser, User
 
 
 class Forbidden(PermissionDenied):
@@ -17,6 +22,14 @@ class Forbidden(PermissionDenied):
     def __init__(self, message: str):
         super().__init__(message)
         self.message = message
+
+
+def signed_in(user: User | AnonymousUser) -> User:
+    """The user of a request that had to sign in first (a page behind studio.views.page, an
+    API view behind IsAuthenticated), as the User it is; anyone else is refused."""
+    if not user.is_authenticated:
+        raise PermissionDenied("Sign in first.")
+    return user
 
 
 def role_allows(role: str | None, *, write: bool = False, admin: bool = False) -> bool:
@@ -29,7 +42,7 @@ def role_allows(role: str | None, *, write: bool = False, admin: bool = False) -
     return role in READ_ROLES
 
 
-def check_role(user, project: Project, *, write: bool = False, admin: bool = False) -> str:
+def check_role(user: User | AnonymousUser, project: Project, *, write: bool = False, admin: bool = False) -> str:
     """Return the user's role in the project, or raise Http404 (cannot read) or
     Forbidden (can read, but not write/administer)."""
     role = project.role_of(user)
@@ -43,7 +56,7 @@ def check_role(user, project: Project, *, write: bool = False, admin: bool = Fal
     return role
 
 
-def get_project_for_user(user, slug: str, *, write: bool = False, admin: bool = False) -> Project:
+def get_project_for_user(user: User | AnonymousUser, slug: str, *, write: bool = False, admin: bool = False) -> Project:
     project = Project.objects.filter(slug=slug).first()
     if project is None:
         raise Http404(f"No project '{slug}'.")
@@ -51,7 +64,7 @@ def get_project_for_user(user, slug: str, *, write: bool = False, admin: bool = 
     return project
 
 
-def is_reviewer_only(user) -> bool:
+def is_reviewer_only(user: User | AnonymousUser) -> bool:
     """True when the user belongs to projects only as a reviewer (they get the inbox)."""
     if not user.is_authenticated or user.is_superuser:
         return False

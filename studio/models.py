@@ -3,14 +3,17 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from datetime import UTC
+from datetime import UTC, datetime
 from functools import cache
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import connection, models
 from django.utils import timezone
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AnonymousUser, User
 
 
 class Role(models.TextChoices):
@@ -33,14 +36,18 @@ slug_validator = RegexValidator(
 
 
 class ProjectQuerySet(models.QuerySet["Project"]):
-    def visible_to(self, user) -> ProjectQuerySet:
+    def visible_to(self, user: User | AnonymousUser) -> ProjectQuerySet:
         if user.is_superuser:
             return self.all()
+        if not user.is_authenticated:
+            return self.none()
         return self.filter(memberships__user=user).distinct()
 
-    def readable_by(self, user) -> ProjectQuerySet:
+    def readable_by(self, user: User | AnonymousUser) -> ProjectQuerySet:
         if user.is_superuser:
             return self.all()
+        if not user.is_authenticated:
+            return self.none()
         return self.filter(memberships__user=user, memberships__role__in=READ_ROLES).distinct()
 
 
@@ -58,7 +65,7 @@ class Project(models.Model):
     def __str__(self) -> str:
         return self.slug
 
-    def role_of(self, user) -> str | None:
+    def role_of(self, user: User | AnonymousUser) -> str | None:
         if not user.is_authenticated:
             return None
         if user.is_superuser:
@@ -75,6 +82,9 @@ class Membership(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["project", "user"], name="one_membership_per_user")]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.project}: {self.role}"
 
 
 TOKEN_PREFIX = "ty"
@@ -107,8 +117,11 @@ class ApiToken(models.Model):
     class Meta:
         ordering = ["-created_at"]
 
+    def __str__(self) -> str:
+        return f"{self.name} ({TOKEN_PREFIX}_{self.key_id}_…)"
+
     @classmethod
-    def issue(cls, user, name: str, expires_at=None) -> tuple[ApiToken, str]:
+    def issue(cls, user: User, name: str, expires_at: datetime | None = None) -> tuple[ApiToken, str]:
         """Create a token and return it with its only plain-text copy."""
         key_id = secrets.token_hex(6)
         raw = f"{TOKEN_PREFIX}_{key_id}_{secrets.token_urlsafe(32)}"

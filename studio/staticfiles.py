@@ -72,7 +72,8 @@ class PlotlyFinder(BaseFinder):
     def check(self, **kwargs: Any) -> list:
         return []
 
-    def find(self, path: str, find_all: bool = False, **kwargs: Any) -> str | list[str]:
+    # django-stubs types a single-match miss as None, but Django's own finders answer [] (see below).
+    def find(self, path: str, find_all: bool = False, **kwargs: Any) -> str | list[str]:  # type: ignore[override]
         if path == PLOTLY_NAME:
             return [str(self.bundle)] if find_all else str(self.bundle)
         # An empty list, as Django's own finders answer: finders.find() wraps any other

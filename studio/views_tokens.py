@@ -12,6 +12,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from studio import actions
+from studio.access import signed_in
 from studio.models import ApiToken
 from studio.views import page
 
@@ -25,21 +26,22 @@ class TokenForm(forms.Form):
 
 @page(reviewers=True)
 def token_list(request: HttpRequest) -> HttpResponse:
+    user = signed_in(request.user)
     form = TokenForm(request.POST or None)
     new_token = None
     if request.method == "POST" and form.is_valid():
         days = form.cleaned_data["expires_in_days"]
         expires_at = timezone.now() + timedelta(days=int(days)) if days else None
-        token, new_token = actions.issue_token(request.user, name=form.cleaned_data["name"], expires_at=expires_at)
+        token, new_token = actions.issue_token(user, name=form.cleaned_data["name"], expires_at=expires_at)
         form = TokenForm()
-    tokens = ApiToken.objects.filter(user=request.user).order_by("-created_at")
+    tokens = ApiToken.objects.filter(user=user).order_by("-created_at")
     return render(request, "studio/tokens.html", {"form": form, "tokens": tokens, "new_token": new_token, "now": timezone.now()})
 
 
 @page(reviewers=True)
 @require_POST
 def token_revoke(request: HttpRequest, pk: int) -> HttpResponse:
-    token = get_object_or_404(ApiToken, pk=pk, user=request.user)
+    token = get_object_or_404(ApiToken, pk=pk, user=signed_in(request.user))
     actions.revoke_token(token)
     messages.success(request, f"Token “{token.name}” revoked; requests using it are refused from now on.")
     return redirect("tokens")
