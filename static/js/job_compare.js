@@ -10,27 +10,16 @@
   var DASHES = ["solid", "dash", "dot", "dashdot"];
   var POINTS = 600;
 
-  function escapeLabel(text) {
-    return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
-  }
+  var shared = window.Trainyard.live;
 
   function getJSON(url) {
-    return fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } }).then(function (response) {
-      return response.ok ? response.json() : null;
-    }).catch(function () { return null; });
+    return shared.getJSON(url).catch(function () { return null; });
   }
 
-  function drawMetric(box, name, jobs, font) {
-    var figure = document.createElement("figure");
-    figure.className = "chart-card";
-    var caption = document.createElement("figcaption");
-    caption.className = "chart-title mono";
-    caption.textContent = name;
-    var div = document.createElement("div");
-    div.className = "chart";
-    div.setAttribute("data-metric", name);
-    figure.appendChild(caption);
-    figure.appendChild(div);
+  function drawMetric(box, name, jobs) {
+    var card = shared.chartCard(name);
+    var figure = card.figure;
+    var div = card.div;
     box.appendChild(figure);
     var requests = jobs.map(function (job) {
       return getJSON(job.metrics_url + "?name=" + encodeURIComponent(name) + "&points=" + POINTS);
@@ -40,7 +29,7 @@
       bodies.forEach(function (body, index) {
         var points = (body && body.points) || [];
         if (!points.length) return;
-        var label = escapeLabel(jobs[index].name) + " #" + jobs[index].id;
+        var label = shared.escapeLabel(jobs[index].name) + " #" + jobs[index].id;
         traces.push({
           type: "scattergl", mode: points.length > 24 ? "lines" : "lines+markers", name: label,
           x: points.map(function (p) { return p[0]; }), y: points.map(function (p) { return p[1]; }),
@@ -49,14 +38,10 @@
         });
       });
       if (!traces.length) { figure.remove(); return; }
-      window.Plotly.newPlot(div, traces, {
+      window.Plotly.newPlot(div, traces, shared.chartLayout({
         margin: { l: 52, r: 16, t: 8, b: 36 }, height: 240,
-        font: { family: font, size: 12, color: "#4a5565" },
-        xaxis: { title: { text: "step", standoff: 4 }, gridcolor: "#eef0f3", zeroline: false },
-        yaxis: { gridcolor: "#eef0f3", zeroline: false, automargin: true },
-        showlegend: false, hovermode: "x unified",
-        paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
-      }, { displayModeBar: false, responsive: true });
+        xaxis: { title: { text: "step", standoff: 4 }, gridcolor: "#eef0f3", zeroline: false }, hovermode: "x unified",
+      }), shared.CHART_CONFIG);
     });
   }
 
@@ -65,12 +50,10 @@
     var box = document.getElementById("compare-charts");
     if (!source || !box || !window.Plotly) return;
     var data = JSON.parse(source.textContent);
-    var font = getComputedStyle(document.documentElement).getPropertyValue("--font").trim() || "system-ui, sans-serif";
-    Promise.all(data.metric_names.map(function (name) { return drawMetric(box, name, data.jobs, font); })).then(function () {
+    Promise.all(data.metric_names.map(function (name) { return drawMetric(box, name, data.jobs); })).then(function () {
       box.setAttribute("data-drawn", String(box.querySelectorAll(".chart-card").length));
     });
   }
 
-  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", draw);
-  else draw();
+  shared.whenReady(draw);
 })();

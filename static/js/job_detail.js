@@ -8,13 +8,14 @@
   var source = document.getElementById("job-live");
   if (!source) return;
   var live = JSON.parse(source.textContent);
+  var shared = window.Trainyard.live;
+  var getJSON = shared.getJSON;
+  var escapeLabel = shared.escapeLabel;
   var MAX_LOG_LINES = 2000;
   var MAX_TRACE_POINTS = 20000;  // extendTraces drops the oldest beyond this: the page stays light
   var HISTORY_POINTS = 1000;
   var PALETTE = ["#2f4fc7", "#0b7d8c", "#6741c9", "#c2570c", "#23804a", "#bd2b2b", "#56606d", "#9a5a06"];
   var FINISHED = ["Completed", "Stopped", "Failed"];
-  var styles = getComputedStyle(document.documentElement);
-  var font = styles.getPropertyValue("--font").trim() || "system-ui, sans-serif";
 
   var charts = {};        // metric name → {div, traces: {rank: index}, last: {rank: step}}
   var queued = {};        // metric name → {rank: {x: [], y: []}}, drawn on the next tick
@@ -22,51 +23,27 @@
   var early = [];         // metric events that arrived before the history: applied after it
   var stream = null;
 
-  function escapeLabel(text) {
-    // plotly reads a few HTML tags in labels; metric and job names are user data.
-    return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
-  }
-
-  function getJSON(url) {
-    return fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } }).then(function (response) {
-      if (!response.ok) throw new Error(url + " answered " + response.status);
-      return response.json();
-    });
-  }
-
   function baseLayout(extra) {
-    var layout = {
+    return shared.chartLayout({
       margin: { l: 52, r: 16, t: 8, b: 36 }, height: 220,
-      font: { family: font, size: 12, color: "#4a5565" },
       xaxis: { title: { text: "step", standoff: 4 }, gridcolor: "#eef0f3", zeroline: false },
-      yaxis: { gridcolor: "#eef0f3", zeroline: false, automargin: true },
-      showlegend: false, legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom" },
-      paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)", hovermode: "x unified",
-    };
-    Object.keys(extra || {}).forEach(function (key) { layout[key] = extra[key]; });
-    return layout;
+      legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom" }, hovermode: "x unified",
+    }, extra);
   }
 
   // --- metric charts -------------------------------------------------------------------------
   function chartFor(name) {
     if (charts[name]) return charts[name];
     var box = document.getElementById("charts");
-    var figure = document.createElement("figure");
-    figure.className = "chart-card";
-    var caption = document.createElement("figcaption");
-    caption.className = "chart-title mono";
-    caption.textContent = name;
-    var div = document.createElement("div");
-    div.className = "chart";
-    div.setAttribute("data-metric", name);
-    figure.appendChild(caption);
-    figure.appendChild(div);
+    var card = shared.chartCard(name);
+    var figure = card.figure;
+    var div = card.div;
     // Keep the cards in the order people read them: losses first, then accuracies.
     var names = Object.keys(charts).concat([name]).sort(metricOrder);
     var after = names[names.indexOf(name) + 1];
     box.insertBefore(figure, after && charts[after] ? charts[after].div.parentNode : null);
     document.getElementById("charts-empty").hidden = true;
-    window.Plotly.newPlot(div, [], baseLayout(), { displayModeBar: false, responsive: true });
+    window.Plotly.newPlot(div, [], baseLayout(), shared.CHART_CONFIG);
     charts[name] = { div: div, traces: {}, last: {} };
     return charts[name];
   }
@@ -237,7 +214,7 @@
                   tickformat: ".1f" },
         showlegend: true, legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom" },
         margin: { l: 52, r: 60, t: 28, b: 30 }, hovermode: "x unified",
-      }), { displayModeBar: false, responsive: true });
+      }), shared.CHART_CONFIG);
       system.drawn = true;
       document.getElementById("system-empty").hidden = true;
     }
@@ -354,37 +331,9 @@
   }
 
   // --- status, stop -----------------------------------------------------------------------------
-  var refreshing = null;
-  var refreshAgain = false;
-
   // Re-read the page and swap the regions that depend on the status (header, status area,
-  // side panels): the server renders them the one way it always does. A status that
-  // arrives while a read is in flight gets a read of its own once that one is done (the
-  // page read in flight may predate it: Starting → Training within one read).
-  function refreshRegions() {
-    if (refreshing) {
-      refreshAgain = true;
-      return refreshing;
-    }
-    refreshing = fetch(live.urls.page, { credentials: "same-origin", headers: { Accept: "text/html" } })
-      .then(function (response) { return response.text(); })
-      .then(function (html) {
-        var fresh = new DOMParser().parseFromString(html, "text/html");
-        document.querySelectorAll("[data-live-region]").forEach(function (region) {
-          var replacement = fresh.getElementById(region.id);
-          if (replacement) region.replaceWith(document.adoptNode(replacement));
-        });
-      })
-      .catch(function () { /* the next status event tries again */ })
-      .then(function () {
-        refreshing = null;
-        if (refreshAgain) {
-          refreshAgain = false;
-          return refreshRegions();
-        }
-      });
-    return refreshing;
-  }
+  // side panels) on each status change.
+  var refreshRegions = shared.regionRefresher(live.urls.page);
 
   function onStatus(payload) {
     // Every (re)connection starts with the current status: only a change needs a refresh.
@@ -412,47 +361,8 @@
     }
   }
 
-  function csrfToken() {
-    var field = document.querySelector("input[name=csrfmiddlewaretoken]");  // the sign-out form has one
-    if (field) return field.value;
-    var match = document.cookie.match(/(?:^|;\s*)csrftoken=([^;]+)/);
-    return match ? decodeURIComponent(match[1]) : "";
-  }
-
-  function showError(text) {
-    var box = document.getElementById("action-error");
-    if (!box) {
-      box = document.createElement("div");
-      box.id = "action-error";
-      box.className = "message message--error";
-      box.setAttribute("role", "alert");
-      var state = document.getElementById("job-state");
-      state.parentNode.insertBefore(box, state);
-    }
-    box.textContent = text;
-  }
-
-  document.addEventListener("click", function (event) {
-    var button = event.target.closest && event.target.closest("#stop-job");
-    if (!button) return;
-    if (!window.confirm(button.getAttribute("data-confirm-text"))) return;
-    button.disabled = true;
-    button.textContent = "Stopping…";
-    fetch(button.getAttribute("data-stop-url"), {
-      method: "POST", credentials: "same-origin",
-      headers: { "X-CSRFToken": csrfToken(), Accept: "application/json" },
-    }).then(function (response) {
-      return response.json().catch(function () { return {}; }).then(function (body) {
-        if (!response.ok) {
-          showError((body.error && body.error.message) || "The stop request failed (" + response.status + ").");
-        }
-        return refreshRegions();
-      });
-    }, function () {
-      showError("The connection broke off; the job was not asked to stop. Try again.");
-      button.disabled = false;
-      button.textContent = "Stop";
-    });
+  shared.stopButton("#stop-job", "job-state", "The connection broke off; the job was not asked to stop. Try again.", function () {
+    return refreshRegions();
   });
 
   // --- the stream -----------------------------------------------------------------------------------
@@ -494,6 +404,5 @@
     loadLogs();
   }
 
-  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
-  else start();
+  shared.whenReady(start);
 })();

@@ -14,6 +14,8 @@
   var algorithms = {};
   data.algorithms.forEach(function (spec) { algorithms[spec.name] = spec; });
 
+  var api = window.Trainyard.apiForm;
+  var make = api.make;
   var el = function (id) { return document.getElementById(id); };
   var topError = el("form-error");
   var hpGrid = el("hyperparameter-fields");
@@ -23,65 +25,16 @@
   var scriptSummary = el("script-summary");
   var submit = el("job-submit");
   var typed = {};  // hyperparameter values the user typed, kept when they switch algorithms and back
+  var ERRORS = { refused: "The job was refused." };
   var script = clone && clone.script ? { uri: clone.script.uri, entry_point: clone.script.entry_point } : null;
-
-  function make(tag, attrs, text) {
-    var node = document.createElement(tag);
-    Object.keys(attrs || {}).forEach(function (key) {
-      if (key === "className") node.className = attrs[key];
-      else if (attrs[key] !== null && attrs[key] !== undefined) node.setAttribute(key, attrs[key]);
-    });
-    if (text !== undefined) node.textContent = text;  // user data only ever as text
-    return node;
-  }
-
-  function fieldShell(path, labelText, inputId) {
-    var field = make("div", { className: "field", "data-field": path });
-    var label = make("label", { "for": inputId });
-    label.appendChild(make("span", { className: "mono" }, labelText));
-    field.appendChild(label);
-    return field;
-  }
-
-  function errorSlot(field) { field.appendChild(make("p", { className: "field-error", hidden: "" })); }
 
   function mode() { return form.querySelector('input[name="run_mode"]:checked').value; }
   function spec() { return mode() === "algorithm" ? algorithms[form.elements.algorithm.value] : null; }
 
   // --- hyperparameters ------------------------------------------------------------------
-  function rangeText(hp) {
-    var parts = ["default " + (hp.default === "" ? "empty" : String(hp.default))];
-    if (hp.min !== null && hp.max !== null) parts.push(hp.min + " to " + hp.max);
-    else if (hp.min !== null) parts.push("at least " + hp.min);
-    else if (hp.max !== null) parts.push("at most " + hp.max);
-    return parts.join(" · ");
-  }
-
-  function hyperparameterInput(hp, id, value) {
-    var input;
-    if (hp.type === "categorical" || hp.type === "boolean") {
-      input = make("select", { id: id });
-      var choices = hp.type === "boolean" ? [true, false] : hp.choices;
-      choices.forEach(function (choice) {
-        var option = make("option", { value: String(choice) }, String(choice));
-        if (String(choice) === String(value)) option.selected = true;
-        input.appendChild(option);
-      });
-    } else if (hp.type === "integer" || hp.type === "float") {
-      input = make("input", { id: id, type: "number", className: "mono", step: hp.type === "integer" ? "1" : "any",
-                              min: hp.min, max: hp.max, inputmode: hp.type === "integer" ? "numeric" : "decimal" });
-      input.value = value === null || value === undefined ? "" : String(value);
-    } else {
-      input = make("input", { id: id, type: "text", className: "mono", spellcheck: "false", autocomplete: "off" });
-      input.value = value === null || value === undefined ? "" : String(value);
-    }
-    input.setAttribute("data-hp", hp.name);
-    input.addEventListener("input", function () {
-      typed[hp.name] = input.value;
-      if (hp.name === "label_column" || hp.name === "text_column") markVersions();  // they decide which data fits
-    });
-    input.addEventListener("change", function () { typed[hp.name] = input.value; });
-    return input;
+  // label_column and text_column decide which data fits.
+  function onHyperparameterInput(hp) {
+    if (hp.name === "label_column" || hp.name === "text_column") markVersions();
   }
 
   function renderHyperparameters() {
@@ -91,61 +44,22 @@
     (current ? current.hyperparameters : []).forEach(function (hp) {
       var id = "hp-" + hp.name;
       var value = hp.name in typed ? typed[hp.name] : hp.name in fromClone ? fromClone[hp.name] : hp.default;
-      var field = fieldShell("hyperparameters." + hp.name, hp.name, id);
-      field.appendChild(hyperparameterInput(hp, id, value));
-      var help = make("p", { className: "help" });
-      if (hp.description) help.appendChild(document.createTextNode(hp.description + " "));
-      help.appendChild(make("span", { className: "hp-range" }, rangeText(hp)));
-      field.appendChild(help);
-      errorSlot(field);
-      hpGrid.appendChild(field);
+      var input = api.hyperparameterInput(hp, id, value, typed, onHyperparameterInput);
+      hpGrid.appendChild(api.hyperparameterField("hyperparameters." + hp.name, hp, input, api.schemaHelp(hp, true)));
     });
     el("algorithm-description").textContent = current ? current.description : "";
-  }
-
-  function coerce(hp, raw) {
-    if (hp.type === "boolean") return raw === "true";
-    if (hp.type === "categorical") {
-      var match = hp.choices.filter(function (c) { return String(c) === raw; });
-      return match.length ? match[0] : raw;
-    }
-    if (hp.type === "integer" || hp.type === "float") return raw !== "" && isFinite(Number(raw)) ? Number(raw) : raw;
-    return raw;
-  }
-
-  // Script mode: "name=value" lines; JSON-looking values (5, 0.1, true) keep their type, as
-  // SageMaker's training toolkit decodes them for SM_HPS.
-  function parseLines(text, what) {
-    var out = {};
-    var problems = [];
-    text.split("\n").forEach(function (line, index) {
-      if (!line.trim() || line.trim().charAt(0) === "#") return;
-      var at = line.indexOf("=");
-      if (at < 1) { problems.push("Line " + (index + 1) + " is not " + what + "."); return; }
-      out[line.slice(0, at).trim()] = line.slice(at + 1);
-    });
-    return { values: out, problems: problems };
   }
 
   function collectHyperparameters(errors) {
     var values = {};
     if (mode() === "script") {
-      var parsed = parseLines(el("id_script_hyperparameters").value, "name=value");
+      var parsed = api.parseLines(el("id_script_hyperparameters").value, "name=value");
       if (parsed.problems.length) errors.hyperparameters = parsed.problems;
-      Object.keys(parsed.values).forEach(function (name) {
-        var raw = parsed.values[name].trim();
-        try { var decoded = JSON.parse(raw); values[name] = typeof decoded === "object" ? raw : decoded; } catch (e) { values[name] = raw; }
-      });
+      Object.keys(parsed.values).forEach(function (name) { values[name] = api.decodeValue(parsed.values[name]); });
       return values;
     }
     var current = spec();
-    (current ? current.hyperparameters : []).forEach(function (hp) {
-      var input = el("hp-" + hp.name);
-      if (input.validity && input.validity.badInput) { errors["hyperparameters." + hp.name] = ["Enter a number."]; return; }
-      if (input.value === "" && hp.type !== "string") return;  // empty: the default
-      values[hp.name] = coerce(hp, input.value);
-    });
-    return values;
+    return api.collectSchemaValues(current ? current.hyperparameters : [], "hyperparameters.", errors);
   }
 
   // --- channels ---------------------------------------------------------------------------
@@ -155,10 +69,7 @@
     return { required: channels.required || [], optional: channels.optional || [] };
   }
 
-  function versionsOfProject() {
-    var slug = form.elements.project.value;
-    return data.versions.filter(function (v) { return v.project === slug; });
-  }
+  function versionsOfProject() { return api.versionsOfProject(form, data.versions); }
 
   // --- which data an algorithm can use ---------------------------------------------------
   // Mirrors data_problem in jobs/algorithms/base.py (same checks, same words), so the form
@@ -263,7 +174,7 @@
     followTextColumn();
     channelBox.querySelectorAll(".channel-row").forEach(function (row) {
       var select = row.querySelector(".channel-version");
-      var channel = channelName(row);
+      var channel = api.channelName(row);
       var channelMode = row.querySelector(".channel-mode").value;
       var chosenProblem = null;
       Array.prototype.forEach.call(select.options, function (option) {
@@ -284,87 +195,19 @@
 
   function usable(v, channel) { return !problemFor(v, channel, "file"); }
 
-  function versionSelect(id, chosen, required) {
-    var select = make("select", { id: id, className: "channel-version" });
-    select.appendChild(make("option", { value: "" }, required ? "Choose a dataset version" : "None"));
-    var groups = {};
-    versionsOfProject().forEach(function (v) {
-      if (!groups[v.dataset]) { groups[v.dataset] = make("optgroup", { label: v.dataset }); select.appendChild(groups[v.dataset]); }
-      var records = v.records === null ? "" : " · " + Number(v.records).toLocaleString() + " records";
-      var option = make("option", { value: String(v.id), "data-label": v.dataset + " v" + v.version + records },
-                        v.dataset + " v" + v.version + records);
-      if (String(v.id) === String(chosen)) option.selected = true;
-      groups[v.dataset].appendChild(option);
-    });
-    select.addEventListener("change", markVersions);
-    return select;
-  }
-
-  function modeSelect(id, chosen) {
-    var select = make("select", { id: id, className: "channel-mode", "aria-label": "Input mode" });
-    [["file", "file (copied to the node)"], ["stream", "stream (read while training)"]].forEach(function (pair) {
-      var option = make("option", { value: pair[0] }, pair[1]);
-      if (pair[0] === chosen) option.selected = true;
-      select.appendChild(option);
-    });
-    return select;
-  }
-
   function channelRow(channel, kind, chosen) {
-    var index = channelBox.children.length;
-    var row = make("div", { className: "field channel-row", "data-field": "inputs." + channel, "data-channel": channel });
-    var head = make("div", { className: "channel-head" });
-    if (kind === "custom") {
-      var name = make("input", { type: "text", className: "mono channel-name", "aria-label": "Channel name",
-                                 placeholder: "channel", spellcheck: "false", autocomplete: "off" });
-      name.value = channel;
-      name.addEventListener("input", function () { row.setAttribute("data-field", "inputs." + name.value.trim()); });
-      head.appendChild(name);
-    } else {
-      head.appendChild(make("label", { "for": "channel-" + index, className: "mono" }, channel));
-      head.appendChild(make("span", { className: kind === "required" ? "tag" : "optional" }, kind));
-    }
-    row.appendChild(head);
-    var controls = make("div", { className: "channel-controls" });
-    controls.appendChild(versionSelect("channel-" + index, chosen ? chosen.dataset_version : "", kind === "required"));
-    var modes = modeSelect("channel-mode-" + index, chosen ? chosen.mode : "file");
-    modes.addEventListener("change", markVersions);
-    controls.appendChild(modes);
-    if (kind === "custom") {
-      var remove = make("button", { type: "button", className: "button button--small button--ghost", "aria-label": "Remove channel" }, "Remove");
-      remove.addEventListener("click", function () { row.remove(); });
-      controls.appendChild(remove);
-    }
-    row.appendChild(controls);
-    row.appendChild(make("p", { className: "help channel-unusable", hidden: "" }));
-    errorSlot(row);
-    channelBox.appendChild(row);
-  }
-
-  function currentChoices() {
-    var chosen = {};
-    channelBox.querySelectorAll(".channel-row").forEach(function (row) {
-      var version = row.querySelector(".channel-version").value;
-      if (version) chosen[channelName(row)] = { dataset_version: version, mode: row.querySelector(".channel-mode").value };
-    });
-    return chosen;
-  }
-
-  function channelName(row) {
-    var input = row.querySelector(".channel-name");
-    return input ? input.value.trim() : row.getAttribute("data-channel");
+    api.channelRow(channelBox, "inputs.", channel, kind, chosen, { versions: versionsOfProject(), onChange: markVersions, note: true });
   }
 
   function renderChannels(keep) {
-    var previous = keep ? currentChoices() : clone ? clone.inputs || {} : {};
+    var previous = keep ? api.currentChoices(channelBox) : clone ? clone.inputs || {} : {};
     channelBox.textContent = "";
     var versions = versionsOfProject();
     el("no-versions").hidden = versions.length > 0;
     // With one dataset in the project (that this algorithm can train on), a required
     // channel defaults to its newest usable version.
     var fitting = mode() === "script" ? versions : versions.filter(function (v) { return usable(v, "train"); });
-    var datasets = fitting.map(function (v) { return v.dataset_id; }).filter(function (d, i, all) { return all.indexOf(d) === i; });
-    var fallback = datasets.length === 1 ? { dataset_version: fitting[0].id, mode: "file" } : null;
+    var fallback = api.fallbackChoice(fitting);
     if (mode() === "script") {
       var names = Object.keys(previous);
       if (!names.length) names = ["train"];
@@ -382,18 +225,6 @@
     }
     el("add-channel").hidden = mode() !== "script";
     markVersions();
-  }
-
-  function collectInputs(errors) {
-    var inputs = {};
-    channelBox.querySelectorAll(".channel-row").forEach(function (row) {
-      var name = channelName(row);
-      var version = row.querySelector(".channel-version").value;
-      if (!version) return;
-      if (!name) { errors["inputs."] = ["Give the channel a name, e.g. train."]; return; }
-      inputs[name] = { dataset_version: Number(version), mode: row.querySelector(".channel-mode").value };
-    });
-    return inputs;
   }
 
   // --- custom script ------------------------------------------------------------------------
@@ -422,14 +253,18 @@
   function uploadScript() {
     var file = scriptFile.files && scriptFile.files[0];
     if (!file) return;
-    clearError("script.uri");
+    api.clearError(form, "script.uri");
     script = null;
     scriptSummary.textContent = "Uploading " + file.name + "…";
     var body = new FormData();
     body.append("project", form.elements.project.value);
     body.append("file", file, file.name);
-    request(form.getAttribute("data-scripts-url"), body).then(function (result) {
-      if (!result.ok) { scriptSummary.textContent = ""; showErrors(result.error, { "script.uri": result.fields.file || [result.error.message] }); return; }
+    api.request(form, form.getAttribute("data-scripts-url"), body).then(function (result) {
+      if (!result.ok) {
+        scriptSummary.textContent = "";
+        api.showErrors(form, topError, result.error, { "script.uri": result.fields.file || [result.error.message] }, ERRORS);
+        return;
+      }
       script = { uri: result.body.uri };
       if (result.body.entry_point && !form.elements.entry_point.value) form.elements.entry_point.value = result.body.entry_point;
       scriptSummary.textContent = "Uploaded " + file.name + " · " + result.body.files.length + " file" +
@@ -437,111 +272,8 @@
     });
   }
 
-  // --- submit and errors ------------------------------------------------------------------------
-  function request(url, body) {
-    var json = !(body instanceof FormData);
-    var headers = { "X-CSRFToken": form.elements.csrfmiddlewaretoken.value, "Accept": "application/json" };
-    if (json) headers["Content-Type"] = "application/json";
-    return fetch(url, { method: "POST", headers: headers, credentials: "same-origin", body: json ? JSON.stringify(body) : body })
-      .then(function (response) {
-        return response.json().catch(function () { return null; }).then(function (payload) {
-          if (response.ok) return { ok: true, body: payload };
-          var error = (payload && payload.error) || { message: response.status === 403
-            ? "You are signed out or your role does not allow this. Reload the page and sign in again."
-            : "The server answered " + response.status + ". Try again; if it persists, the server log says why." };
-          return { ok: false, error: error, fields: flatten(error.fields || {}, "") };
-        });
-      }, function () {
-        return { ok: false, error: { message: "The connection broke off. Check the network and try again." }, fields: {} };
-      });
-  }
-
-  // {"resources": {"processes_per_node": ["…"]}} and {"metric_definitions": [{"regex": ["…"]}]}
-  // become {"resources.processes_per_node": [...], "metric_definitions.0.regex": [...]}.
-  function flatten(value, prefix) {
-    var out = {};
-    function walk(node, path) {
-      if (Array.isArray(node) && node.every(function (x) { return typeof x !== "object" || x === null; })) {
-        if (node.length) out[path] = (out[path] || []).concat(node.map(String));
-      } else if (node && typeof node === "object") {
-        Object.keys(node).forEach(function (key) {
-          walk(node[key], key === "non_field_errors" ? path : path ? path + "." + key : key);
-        });
-      } else if (node !== null && node !== undefined) {
-        out[path] = (out[path] || []).concat([String(node)]);
-      }
-    }
-    walk(value, prefix);
-    return out;
-  }
-
-  // The nearest visible field for a dotted path: "hyperparameters.epochs", else "hyperparameters".
-  function fieldFor(path) {
-    var parts = path.split(".");
-    while (parts.length) {
-      var key = parts.join(".");
-      var found = Array.prototype.filter.call(form.querySelectorAll(".field[data-field]"), function (field) {
-        return field.getAttribute("data-field") === key && !field.closest("[hidden]");
-      });
-      if (found.length) return found[0];
-      parts.pop();
-    }
-    return null;
-  }
-
-  function clearError(path) {
-    var field = fieldFor(path);
-    if (!field) return;
-    field.classList.remove("has-error");
-    var slot = field.querySelector(":scope > .field-error");
-    if (slot) { slot.hidden = true; slot.textContent = ""; }
-  }
-
-  function clearErrors() {
-    topError.hidden = true;
-    topError.textContent = "";
-    form.querySelectorAll(".field.has-error").forEach(function (field) { field.classList.remove("has-error"); });
-    form.querySelectorAll(".field-error").forEach(function (slot) { slot.hidden = true; slot.textContent = ""; });
-  }
-
-  function showErrors(error, fields) {
-    var unplaced = [];
-    var placed = 0;
-    Object.keys(fields).forEach(function (path) {
-      var field = fieldFor(path);
-      var slot = field && field.querySelector(":scope > .field-error");
-      if (!slot) { unplaced.push(path + ": " + fields[path].join(" ")); return; }
-      placed += 1;
-      field.classList.add("has-error");
-      slot.textContent = (slot.textContent ? slot.textContent + " " : "") + fields[path].join(" ");
-      slot.hidden = false;
-      var details = field.closest("details");
-      if (details) details.open = true;
-    });
-    var message = error.message || "The job was refused.";
-    if ((error.code === "invalid" || !error.code) && placed && !unplaced.length) {
-      message = placed === 1 ? "Fix the highlighted field and submit again." : "Fix the " + placed + " highlighted fields and submit again.";
-    }
-    topError.textContent = message;
-    if (unplaced.length) {
-      var list = make("ul");
-      unplaced.forEach(function (text) { list.appendChild(make("li", {}, text)); });
-      topError.appendChild(list);
-    }
-    topError.hidden = false;
-    var first = form.querySelector(".has-error input, .has-error select, .has-error textarea");
-    (first || topError).scrollIntoView({ block: "center", behavior: "smooth" });
-    if (first) first.focus({ preventScroll: true });
-  }
-
-  function wholeNumber(id, path, errors) {
-    var input = el(id);
-    if (input.validity && input.validity.badInput) { errors[path] = ["Enter a whole number."]; return undefined; }
-    if (input.value.trim() === "") return undefined;
-    var number = Number(input.value);
-    if (!Number.isInteger(number)) { errors[path] = ["Enter a whole number."]; return undefined; }
-    return number;
-  }
+  // --- submit ----------------------------------------------------------------------------------
+  var wholeNumber = api.wholeNumber;
 
   // distribution "pipeline": the API's `pipeline` object. Empty numbers are left out, so the
   // API's defaults (and its "required" message for stages) apply.
@@ -576,7 +308,7 @@
       name: form.elements.name.value,
       tags: form.elements.tags.value.split(",").map(function (t) { return t.trim(); }).filter(Boolean),
       hyperparameters: collectHyperparameters(errors),
-      inputs: collectInputs(errors),
+      inputs: api.collectInputs(channelBox, "inputs.", errors),
       resources: { instance_type: form.elements.instance_type.value },
       distribution: form.elements.distribution.value,
       stopping: {},
@@ -596,7 +328,7 @@
       if (value !== undefined) body[name] = value;
     });
     if (body.distribution === "pipeline") body.pipeline = collectPipeline(errors);
-    var env = parseLines(form.elements.environment.value, "KEY=value");
+    var env = api.parseLines(form.elements.environment.value, "KEY=value");
     if (env.problems.length) errors.environment = env.problems;
     body.environment = env.values;
     if (mode() === "algorithm") {
@@ -607,26 +339,6 @@
       body.metric_definitions = collectMetricDefinitions();
     }
     return body;
-  }
-
-  function send(event) {
-    event.preventDefault();
-    clearErrors();
-    var errors = {};
-    var body = buildBody(errors);
-    if (Object.keys(errors).length) { showErrors({ code: "invalid" }, errors); return; }
-    submit.disabled = true;
-    el("submit-status").textContent = "Submitting…";
-    request(form.getAttribute("action"), body).then(function (result) {
-      if (result.ok) {
-        el("submit-status").textContent = "Submitted; opening the job…";
-        window.location.assign(data.job_url_base + result.body.id + "/");
-        return;
-      }
-      submit.disabled = false;
-      el("submit-status").textContent = "";
-      showErrors(result.error, result.fields);
-    });
   }
 
   // --- wiring -----------------------------------------------------------------------------------
@@ -676,9 +388,11 @@
     limitProcesses();
   }
 
-  form.addEventListener("submit", send);
+  form.addEventListener("submit", api.submitter(form, topError, {
+    build: buildBody, button: submit, opening: "Submitted; opening the job…", pageBase: data.job_url_base, refused: ERRORS.refused,
+  }));
   form.elements.algorithm.addEventListener("change", function () {
-    clearErrors(); renderHyperparameters(); renderChannels(true); limitDistributions();
+    api.clearErrors(form, topError); renderHyperparameters(); renderChannels(true); limitDistributions();
   });
   form.elements.project.addEventListener("change", function () { renderChannels(false); uploadScript(); });
   form.elements.instance_type.addEventListener("change", limitProcesses);
@@ -689,7 +403,7 @@
   });
   form.querySelectorAll('input[name="run_mode"]').forEach(function (radio) {
     radio.addEventListener("change", function () {
-      clearErrors(); showMode(); renderHyperparameters(); renderChannels(true); limitDistributions();
+      api.clearErrors(form, topError); showMode(); renderHyperparameters(); renderChannels(true); limitDistributions();
     });
   });
   scriptFile.addEventListener("change", uploadScript);

@@ -11,16 +11,14 @@
   var source = document.getElementById("tuning-live");
   if (!source) return;
   var live = JSON.parse(source.textContent);
+  var shared = window.Trainyard.live;
+  var getJSON = shared.getJSON;
+  var escapeLabel = shared.escapeLabel;
   var styles = getComputedStyle(document.documentElement);
-  var font = styles.getPropertyValue("--font").trim() || "system-ui, sans-serif";
   var COLOURS = { Completed: "#23804a", Pruned: "#9a5a06", Failed: "#bd2b2b", Stopped: "#56606d", Running: "#6741c9" };
   var ORDER = ["Completed", "Pruned", "Running", "Stopped", "Failed"];
   var BEST = "#2f4fc7";
   var timer = null;
-
-  function escapeLabel(text) {
-    return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
-  }
 
   function shown(value) {
     if (typeof value === "number") return Number.isInteger(value) ? String(value) : String(Number(value.toPrecision(4)));
@@ -28,25 +26,11 @@
     return typeof value === "object" ? JSON.stringify(value) : String(value);
   }
 
-  function getJSON(url) {
-    return fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } }).then(function (response) {
-      if (!response.ok) throw new Error(url + " answered " + response.status);
-      return response.json();
-    });
-  }
-
   function layout(extra) {
-    var base = {
-      margin: { l: 56, r: 16, t: 8, b: 40 }, height: 260,
-      font: { family: font, size: 12, color: "#4a5565" },
-      xaxis: { gridcolor: "#eef0f3", zeroline: false }, yaxis: { gridcolor: "#eef0f3", zeroline: false, automargin: true },
-      showlegend: false, paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)", hovermode: "closest",
-    };
-    Object.keys(extra || {}).forEach(function (key) { base[key] = extra[key]; });
-    return base;
+    return shared.chartLayout({ margin: { l: 56, r: 16, t: 8, b: 40 }, height: 260, hovermode: "closest" }, extra);
   }
 
-  var CONFIG = { displayModeBar: false, responsive: true };
+  var CONFIG = shared.CHART_CONFIG;
 
   function showChart(id, visible) {
     document.getElementById(id + "-chart").hidden = !visible;
@@ -233,36 +217,8 @@
     if (filter && filter.value) filter.dispatchEvent(new Event("input"));
   }
 
-  var refreshing = null;
-  var refreshAgain = false;
-
-  // A change seen while a page read is in flight gets a read of its own once that one is
-  // done (the read in flight may predate it).
-  function refreshRegions() {
-    if (refreshing) {
-      refreshAgain = true;
-      return refreshing;
-    }
-    refreshing = fetch(live.urls.page, { credentials: "same-origin", headers: { Accept: "text/html" } })
-      .then(function (response) { return response.text(); })
-      .then(function (html) {
-        var fresh = new DOMParser().parseFromString(html, "text/html");
-        document.querySelectorAll("[data-live-region]").forEach(function (region) {
-          var replacement = fresh.getElementById(region.id);
-          if (replacement) region.replaceWith(document.adoptNode(replacement));
-        });
-        keepSortAndFilter();
-      })
-      .catch(function () { /* the next poll tries again */ })
-      .then(function () {
-        refreshing = null;
-        if (refreshAgain) {
-          refreshAgain = false;
-          return refreshRegions();
-        }
-      });
-    return refreshing;
-  }
+  // A change seen while a page read is in flight gets a read of its own once that one is done.
+  var refreshRegions = shared.regionRefresher(live.urls.page, keepSortAndFilter);
 
   function poll() {
     getJSON(live.urls.data).then(function (payload) {
@@ -280,46 +236,9 @@
   }
 
   // --- stop -----------------------------------------------------------------------------------
-  function csrfToken() {
-    var field = document.querySelector("input[name=csrfmiddlewaretoken]");  // the sign-out form has one
-    if (field) return field.value;
-    var match = document.cookie.match(/(?:^|;\s*)csrftoken=([^;]+)/);
-    return match ? decodeURIComponent(match[1]) : "";
-  }
-
-  function showError(text) {
-    var box = document.getElementById("action-error");
-    if (!box) {
-      box = document.createElement("div");
-      box.id = "action-error";
-      box.className = "message message--error";
-      box.setAttribute("role", "alert");
-      var state = document.getElementById("tuning-state");
-      state.parentNode.insertBefore(box, state);
-    }
-    box.textContent = text;
-  }
-
-  document.addEventListener("click", function (event) {
-    var button = event.target.closest && event.target.closest("#stop-tuning");
-    if (!button) return;
-    if (!window.confirm(button.getAttribute("data-confirm-text"))) return;
-    button.disabled = true;
-    button.textContent = "Stopping…";
-    fetch(button.getAttribute("data-stop-url"), {
-      method: "POST", credentials: "same-origin",
-      headers: { "X-CSRFToken": csrfToken(), Accept: "application/json" },
-    }).then(function (response) {
-      return response.json().catch(function () { return {}; }).then(function (body) {
-        if (!response.ok) showError((body.error && body.error.message) || "The stop request failed (" + response.status + ").");
-        poll();
-        return refreshRegions();
-      });
-    }, function () {
-      showError("The connection broke off; the search was not asked to stop. Try again.");
-      button.disabled = false;
-      button.textContent = "Stop";
-    });
+  shared.stopButton("#stop-tuning", "tuning-state", "The connection broke off; the search was not asked to stop. Try again.", function () {
+    poll();
+    return refreshRegions();
   });
 
   function start() {
@@ -329,6 +248,5 @@
     if (!live.finished) timer = window.setInterval(poll, (live.poll_seconds || 4) * 1000);
   }
 
-  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
-  else start();
+  shared.whenReady(start);
 })();

@@ -17,6 +17,10 @@
   var algorithms = {};
   data.algorithms.forEach(function (spec) { algorithms[spec.name] = spec; });
 
+  var api = window.Trainyard.apiForm;
+  var make = api.make;
+  var option = api.option;
+  var display = api.display;
   var el = function (id) { return document.getElementById(id); };
   var topError = el("form-error");
   var hpGrid = el("hyperparameter-fields");
@@ -28,27 +32,10 @@
   var typed = {};  // fixed values the user typed, kept across algorithm switches
   var base = prefill ? prefill.base_job : {};
 
-  function make(tag, attrs, text) {
-    var node = document.createElement(tag);
-    Object.keys(attrs || {}).forEach(function (key) {
-      if (key === "className") node.className = attrs[key];
-      else if (attrs[key] !== null && attrs[key] !== undefined) node.setAttribute(key, attrs[key]);
-    });
-    if (text !== undefined) node.textContent = text;  // user data only ever as text
-    return node;
-  }
-
-  function errorSlot(field) { field.appendChild(make("p", { className: "field-error", hidden: "" })); }
-
   function spec() { return scriptMode ? null : algorithms[form.elements.algorithm.value]; }
 
   function sameAlgorithmAsSource() {
     return Boolean(prefill && !scriptMode && prefill.job.algorithm === form.elements.algorithm.value);
-  }
-
-  function display(value) {
-    if (value === null || value === undefined) return "";
-    return typeof value === "object" ? JSON.stringify(value) : String(value);
   }
 
   // --- ranges editor ------------------------------------------------------------------------
@@ -75,12 +62,6 @@
       return { type: "continuous", min: hp.min, max: hp.max, scale: log ? "log" : "linear" };
     }
     return { type: "categorical", values: [] };
-  }
-
-  function option(select, value, label, chosen) {
-    var node = make("option", { value: value }, label);
-    if (String(value) === String(chosen)) node.selected = true;
-    select.appendChild(node);
   }
 
   function showRangeKind(row) {
@@ -118,7 +99,7 @@
     remove.addEventListener("click", function () { row.remove(); renderHyperparameters(); });
     [nameInput, type, min, max, step, values, scale, remove].forEach(function (node) { controls.appendChild(node); });
     row.appendChild(controls);
-    errorSlot(row);
+    api.errorSlot(row);
     type.addEventListener("change", function () { showRangeKind(row); });
     nameInput.addEventListener("change", function () {
       var fresh = nameInput.value.trim();
@@ -199,30 +180,6 @@
   }
 
   // --- fixed hyperparameters -----------------------------------------------------------------
-  function rangeText(hp) {
-    var parts = ["default " + (hp.default === "" ? "empty" : String(hp.default))];
-    if (hp.min !== null && hp.max !== null) parts.push(hp.min + " to " + hp.max);
-    return parts.join(" · ");
-  }
-
-  function hyperparameterInput(hp, id, value) {
-    var input;
-    if (hp.type === "categorical" || hp.type === "boolean") {
-      input = make("select", { id: id });
-      (hp.type === "boolean" ? [true, false] : hp.choices).forEach(function (choice) { option(input, String(choice), String(choice), value); });
-    } else if (hp.type === "integer" || hp.type === "float") {
-      input = make("input", { id: id, type: "number", className: "mono", step: hp.type === "integer" ? "1" : "any", min: hp.min, max: hp.max });
-      input.value = display(value);
-    } else {
-      input = make("input", { id: id, type: "text", className: "mono", spellcheck: "false", autocomplete: "off" });
-      input.value = display(value);
-    }
-    input.setAttribute("data-hp", hp.name);
-    input.addEventListener("input", function () { typed[hp.name] = input.value; });
-    input.addEventListener("change", function () { typed[hp.name] = input.value; });
-    return input;
-  }
-
   function renderHyperparameters() {
     if (scriptMode) return;
     hpGrid.textContent = "";
@@ -232,126 +189,49 @@
     (current ? current.hyperparameters : []).forEach(function (hp) {
       var id = "hp-" + hp.name;
       var value = hp.name in typed ? typed[hp.name] : hp.name in fromSource ? fromSource[hp.name] : hp.default;
-      var field = make("div", { className: "field", "data-field": "base_job.hyperparameters." + hp.name });
-      var label = make("label", { "for": id });
-      label.appendChild(make("span", { className: "mono" }, hp.name));
-      field.appendChild(label);
-      var input = hyperparameterInput(hp, id, value);
-      var help = make("p", { className: "help" });
-      if (tuned.indexOf(hp.name) !== -1) {
+      var input = api.hyperparameterInput(hp, id, value, typed);
+      var searched = tuned.indexOf(hp.name) !== -1;
+      var help = searched ? make("p", { className: "help" }) : api.schemaHelp(hp, false);
+      if (searched) {
         input.disabled = true;
-        field.classList.add("is-tuned");
         help.appendChild(make("span", { className: "tag" }, "searched"));
         help.appendChild(document.createTextNode(" each trial gets its own value"));
-      } else {
-        if (hp.description) help.appendChild(document.createTextNode(hp.description + " "));
-        help.appendChild(make("span", { className: "hp-range" }, rangeText(hp)));
       }
-      field.appendChild(input);
-      field.appendChild(help);
-      errorSlot(field);
+      var field = api.hyperparameterField("base_job.hyperparameters." + hp.name, hp, input, help);
+      if (searched) field.classList.add("is-tuned");
       hpGrid.appendChild(field);
     });
     var description = el("algorithm-description");
     if (description) description.textContent = current ? current.description : "";
   }
 
-  function coerce(hp, raw) {
-    if (hp.type === "boolean") return raw === "true";
-    if (hp.type === "categorical") return parseValue(raw, hp);
-    if (hp.type === "integer" || hp.type === "float") return raw !== "" && isFinite(Number(raw)) ? Number(raw) : raw;
-    return raw;
-  }
-
-  function parseLines(text) {
-    var out = {};
-    var problems = [];
-    text.split("\n").forEach(function (line, index) {
-      if (!line.trim() || line.trim().charAt(0) === "#") return;
-      var at = line.indexOf("=");
-      if (at < 1) { problems.push("Line " + (index + 1) + " is not name=value."); return; }
-      var raw = line.slice(at + 1).trim();
-      var value;
-      try { value = JSON.parse(raw); if (typeof value === "object") value = raw; } catch (e) { value = raw; }
-      out[line.slice(0, at).trim()] = value;
-    });
-    return { values: out, problems: problems };
-  }
-
   function collectHyperparameters(errors) {
     var tuned = tunedNames();
     if (scriptMode) {
-      var parsed = parseLines(el("id_script_hyperparameters").value);
+      var parsed = api.parseLines(el("id_script_hyperparameters").value, "name=value");
       if (parsed.problems.length) errors["base_job.hyperparameters"] = parsed.problems;
-      tuned.forEach(function (name) { delete parsed.values[name]; });
-      return parsed.values;
+      var fixed = {};
+      Object.keys(parsed.values).forEach(function (name) {
+        if (tuned.indexOf(name) === -1) fixed[name] = api.decodeValue(parsed.values[name]);
+      });
+      return fixed;
     }
-    var values = {};
     var current = spec();
-    (current ? current.hyperparameters : []).forEach(function (hp) {
-      if (tuned.indexOf(hp.name) !== -1) return;
-      var input = el("hp-" + hp.name);
-      if (input.validity && input.validity.badInput) { errors["base_job.hyperparameters." + hp.name] = ["Enter a number."]; return; }
-      if (input.value === "" && hp.type !== "string") return;  // empty: the default
-      values[hp.name] = coerce(hp, input.value);
-    });
-    return values;
+    return api.collectSchemaValues(current ? current.hyperparameters : [], "base_job.hyperparameters.", errors,
+                                   function (name) { return tuned.indexOf(name) !== -1; });
   }
 
   // --- data channels ----------------------------------------------------------------------------
-  function versionsOfProject() {
-    var slug = form.elements.project.value;
-    return data.versions.filter(function (v) { return v.project === slug; });
-  }
-
-  function versionSelect(id, chosen, required) {
-    var select = make("select", { id: id, className: "channel-version" });
-    select.appendChild(make("option", { value: "" }, required ? "Choose a dataset version" : "None"));
-    var groups = {};
-    versionsOfProject().forEach(function (v) {
-      if (!groups[v.dataset]) { groups[v.dataset] = make("optgroup", { label: v.dataset }); select.appendChild(groups[v.dataset]); }
-      var records = v.records === null ? "" : " · " + Number(v.records).toLocaleString() + " records";
-      var node = make("option", { value: String(v.id) }, v.dataset + " v" + v.version + records);
-      if (String(v.id) === String(chosen)) node.selected = true;
-      groups[v.dataset].appendChild(node);
-    });
-    return select;
-  }
-
   function channelRow(channel, kind, chosen) {
-    var index = channelBox.children.length;
-    var row = make("div", { className: "field channel-row", "data-field": "base_job.inputs." + channel, "data-channel": channel });
-    var head = make("div", { className: "channel-head" });
-    head.appendChild(make("label", { "for": "channel-" + index, className: "mono" }, channel));
-    head.appendChild(make("span", { className: kind === "required" ? "tag" : "optional" }, kind));
-    row.appendChild(head);
-    var controls = make("div", { className: "channel-controls" });
-    controls.appendChild(versionSelect("channel-" + index, chosen ? chosen.dataset_version : "", kind === "required"));
-    var mode = make("select", { id: "channel-mode-" + index, className: "channel-mode", "aria-label": "Input mode" });
-    option(mode, "file", "file (copied to the node)", chosen ? chosen.mode : "file");
-    option(mode, "stream", "stream (read while training)", chosen ? chosen.mode : "file");
-    controls.appendChild(mode);
-    row.appendChild(controls);
-    errorSlot(row);
-    channelBox.appendChild(row);
-  }
-
-  function currentChoices() {
-    var chosen = {};
-    channelBox.querySelectorAll(".channel-row").forEach(function (row) {
-      var version = row.querySelector(".channel-version").value;
-      if (version) chosen[row.getAttribute("data-channel")] = { dataset_version: version, mode: row.querySelector(".channel-mode").value };
-    });
-    return chosen;
+    api.channelRow(channelBox, "base_job.inputs.", channel, kind, chosen, { versions: api.versionsOfProject(form, data.versions) });
   }
 
   function renderChannels(keep) {
-    var previous = keep ? currentChoices() : base.inputs || {};
+    var previous = keep ? api.currentChoices(channelBox) : base.inputs || {};
     channelBox.textContent = "";
-    var versions = versionsOfProject();
+    var versions = api.versionsOfProject(form, data.versions);
     el("no-versions").hidden = versions.length > 0;
-    var datasets = versions.map(function (v) { return v.dataset_id; }).filter(function (d, i, all) { return all.indexOf(d) === i; });
-    var fallback = datasets.length === 1 ? { dataset_version: versions[0].id, mode: "file" } : null;
+    var fallback = api.fallbackChoice(versions);
     if (scriptMode) {
       Object.keys(previous).forEach(function (name) { channelRow(name, "required", previous[name]); });
       return;
@@ -360,15 +240,6 @@
     var channels = current ? current.channels : { required: [], optional: [] };
     channels.required.forEach(function (name) { channelRow(name, "required", previous[name] || fallback); });
     channels.optional.forEach(function (name) { channelRow(name, "optional", previous[name]); });
-  }
-
-  function collectInputs() {
-    var inputs = {};
-    channelBox.querySelectorAll(".channel-row").forEach(function (row) {
-      var version = row.querySelector(".channel-version").value;
-      if (version) inputs[row.getAttribute("data-channel")] = { dataset_version: Number(version), mode: row.querySelector(".channel-mode").value };
-    });
-    return inputs;
   }
 
   // --- objective --------------------------------------------------------------------------------
@@ -423,109 +294,18 @@
     el("warm-start-none").hidden = earlier.length > 0;
   }
 
-  // --- submit and errors --------------------------------------------------------------------------
-  function request(url, body) {
-    var headers = { "X-CSRFToken": form.elements.csrfmiddlewaretoken.value, "Accept": "application/json", "Content-Type": "application/json" };
-    return fetch(url, { method: "POST", headers: headers, credentials: "same-origin", body: JSON.stringify(body) })
-      .then(function (response) {
-        return response.json().catch(function () { return null; }).then(function (payload) {
-          if (response.ok) return { ok: true, body: payload };
-          var error = (payload && payload.error) || { message: response.status === 403
-            ? "You are signed out or your role does not allow this. Reload the page and sign in again."
-            : "The server answered " + response.status + ". Try again; if it persists, the server log says why." };
-          return { ok: false, error: error, fields: flatten(error.fields || {}) };
-        });
-      }, function () {
-        return { ok: false, error: { message: "The connection broke off. Check the network and try again." }, fields: {} };
-      });
+  // --- submit -------------------------------------------------------------------------------------
+  // A bound's error lands on its range row: say which bound (unless the message does), and
+  // mark its input.
+  function boundDetail(field, path, detail) {
+    var rest = path.slice(field.getAttribute("data-field").length + 1);
+    var input = /^[a-z]+$/.test(rest) ? field.querySelector(".range-" + rest) : null;
+    if (input) { input.classList.add("has-error-input"); field.classList.add("has-bound-error"); }
+    if (rest && detail.toLowerCase().indexOf(rest.toLowerCase()) !== 0) detail = rest + ": " + detail;
+    return detail;
   }
 
-  // {"parameter_ranges": {"lr": {"min": ["…"]}}} and {"parameter_ranges.lr.min": ["…"]} both
-  // become {"parameter_ranges.lr.min": [...]}.
-  function flatten(value) {
-    var out = {};
-    function walk(node, path) {
-      if (Array.isArray(node) && node.every(function (x) { return typeof x !== "object" || x === null; })) {
-        if (node.length) out[path] = (out[path] || []).concat(node.map(String));
-      } else if (node && typeof node === "object") {
-        Object.keys(node).forEach(function (key) {
-          walk(node[key], key === "non_field_errors" ? path : path ? path + "." + key : key);
-        });
-      } else if (node !== null && node !== undefined) {
-        out[path] = (out[path] || []).concat([String(node)]);
-      }
-    }
-    walk(value, "");
-    return out;
-  }
-
-  // The nearest visible field for a dotted path: "parameter_ranges.lr.min", else
-  // "parameter_ranges.lr", else "parameter_ranges".
-  function fieldFor(path) {
-    var parts = path.split(".");
-    while (parts.length) {
-      var key = parts.join(".");
-      var found = Array.prototype.filter.call(form.querySelectorAll(".field[data-field]"), function (field) {
-        return field.getAttribute("data-field") === key && !field.closest("[hidden]");
-      });
-      if (found.length) return found[0];
-      parts.pop();
-    }
-    return null;
-  }
-
-  function clearErrors() {
-    topError.hidden = true;
-    topError.textContent = "";
-    form.querySelectorAll(".field.has-error").forEach(function (field) { field.classList.remove("has-error", "has-bound-error"); });
-    form.querySelectorAll(".has-error-input").forEach(function (input) { input.classList.remove("has-error-input"); });
-    form.querySelectorAll(".field-error").forEach(function (slot) { slot.hidden = true; slot.textContent = ""; });
-  }
-
-  function showErrors(error, fields) {
-    var unplaced = [];
-    var placed = 0;
-    Object.keys(fields).forEach(function (path) {
-      var field = fieldFor(path);
-      var slot = field && field.querySelector(":scope > .field-error");
-      if (!slot) { unplaced.push((path ? path + ": " : "") + fields[path].join(" ")); return; }
-      placed += 1;
-      field.classList.add("has-error");
-      var detail = fields[path].join(" ");
-      // A bound's error lands on its row: say which bound (unless the message does), and mark its input.
-      var rest = path.slice(field.getAttribute("data-field").length + 1);
-      var input = /^[a-z]+$/.test(rest) ? field.querySelector(".range-" + rest) : null;
-      if (input) { input.classList.add("has-error-input"); field.classList.add("has-bound-error"); }
-      if (rest && detail.toLowerCase().indexOf(rest.toLowerCase()) !== 0) detail = rest + ": " + detail;
-      slot.textContent = (slot.textContent ? slot.textContent + " " : "") + detail;
-      slot.hidden = false;
-      var details = field.closest("details");
-      if (details) details.open = true;
-    });
-    var message = error.message || "The tuning job was refused.";
-    if ((error.code === "invalid" || !error.code) && placed && !unplaced.length) {
-      message = placed === 1 ? "Fix the highlighted field and submit again." : "Fix the " + placed + " highlighted fields and submit again.";
-    }
-    topError.textContent = message;
-    if (unplaced.length) {
-      var list = make("ul");
-      unplaced.forEach(function (text) { list.appendChild(make("li", {}, text)); });
-      topError.appendChild(list);
-    }
-    topError.hidden = false;
-    var first = form.querySelector(".has-error input:not([disabled]), .has-error select, .has-error textarea");
-    (first || topError).scrollIntoView({ block: "center", behavior: "smooth" });
-    if (first) first.focus({ preventScroll: true });
-  }
-
-  function wholeNumber(id, path, errors) {
-    var input = el(id);
-    if (input.validity && input.validity.badInput) { errors[path] = ["Enter a whole number."]; return undefined; }
-    if (input.value.trim() === "") return undefined;
-    var number = Number(input.value);
-    if (!Number.isInteger(number)) { errors[path] = ["Enter a whole number."]; return undefined; }
-    return number;
-  }
+  var wholeNumber = api.wholeNumber;
 
   // The base job: the source job's settings the form does not show (distribution,
   // environment, tags, retries…) are kept as they were; the shown ones replace them.
@@ -541,7 +321,7 @@
       if (!sameAlgorithmAsSource()) { delete job.pipeline; job.distribution = "none"; }
     }
     job.hyperparameters = collectHyperparameters(errors);
-    job.inputs = collectInputs();
+    job.inputs = api.collectInputs(channelBox, "base_job.inputs.", errors);
     job.resources = {};
     Object.keys(base.resources || {}).forEach(function (key) { job.resources[key] = base.resources[key]; });
     job.resources.instance_type = form.elements.instance_type.value;
@@ -577,26 +357,6 @@
     return body;
   }
 
-  function send(event) {
-    event.preventDefault();
-    clearErrors();
-    var errors = {};
-    var body = buildBody(errors);
-    if (Object.keys(errors).length) { showErrors({ code: "invalid" }, errors); return; }
-    submit.disabled = true;
-    el("submit-status").textContent = "Submitting…";
-    request(form.getAttribute("action"), body).then(function (result) {
-      if (result.ok) {
-        el("submit-status").textContent = "Submitted; opening the tuning job…";
-        window.location.assign(data.detail_url_base + result.body.id + "/");
-        return;
-      }
-      submit.disabled = false;
-      el("submit-status").textContent = "";
-      showErrors(result.error, result.fields);
-    });
-  }
-
   // --- wiring -------------------------------------------------------------------------------------
   // Hyperband is a search and an early-stopping rule in one: its pruner decides.
   function showHelp() {
@@ -624,10 +384,13 @@
     note.hidden = false;
   }
 
-  form.addEventListener("submit", send);
+  form.addEventListener("submit", api.submitter(form, topError, {
+    build: buildBody, button: submit, opening: "Submitted; opening the tuning job…", pageBase: data.detail_url_base,
+    refused: "The tuning job was refused.", detail: boundDetail,
+  }));
   if (!scriptMode) {
     form.elements.algorithm.addEventListener("change", function () {
-      clearErrors();
+      api.clearErrors(form, topError);
       renderHyperparameters();
       renderChannels(true);
       renderMetrics(null);
