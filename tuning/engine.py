@@ -137,6 +137,20 @@ class TrialView:
     settled: bool  # finished and its metrics are written (or waited for long enough)
 
     @property
+    def number(self) -> int:
+        """The trial's number in its tuning job (every trial row has one)."""
+        number = self.job.trial_number
+        assert number is not None, "a trial row without a trial number"
+        return number
+
+    @property
+    def objective(self) -> float:
+        """The objective value; only a completed trial has one."""
+        value = self.job.objective_value
+        assert value is not None, "a trial without an objective value"
+        return float(value)
+
+    @property
     def finished(self) -> bool:
         return self.job.status in FINISHED_STATUSES
 
@@ -314,14 +328,14 @@ class Search:
             if not fresh:
                 continue
             # A fresh in-memory study numbers its trials' ids like their numbers.
-            optuna_trial = optuna.trial.Trial(study, numbers[trial.job.trial_number])
+            optuna_trial = optuna.trial.Trial(study, numbers[trial.number])
             pruned_at = None
             for step, value in fresh.items():
                 optuna_trial.report(value, step)
                 if optuna_trial.should_prune():
                     pruned_at = step
                     break
-            attrs = {k: v for k, v in study.get_trials(deepcopy=False)[numbers[trial.job.trial_number]].system_attrs.items()
+            attrs = {k: v for k, v in study.get_trials(deepcopy=False)[numbers[trial.number]].system_attrs.items()
                      if k.startswith("completed_rung_")}
             if attrs:
                 rungs[str(trial.job.trial_number)] = attrs
@@ -430,7 +444,7 @@ class Search:
         for trial in self.trials:
             drop = (exclude_new_steps or {}).get(trial.job.pk)
             study.add_trial(self.frozen(trial, drop_steps=drop, system_attrs=rungs.get(str(trial.job.trial_number))))
-            numbers[trial.job.trial_number] = len(numbers)
+            numbers[trial.number] = len(numbers)
         for trial in self.warm_trials():
             study.add_trial(self.frozen(trial))
         return study, numbers
@@ -446,9 +460,9 @@ class Search:
     # --- 3. end conditions --------------------------------------------------------------------
     def check_end_conditions(self) -> None:
         tuning = self.tuning
-        reached = [t for t in self.trials if t.completed and tuning.reaches_target(float(t.job.objective_value))]
+        reached = [t for t in self.trials if t.completed and tuning.reaches_target(t.objective)]
         if reached:
-            best = min(reached, key=lambda t: t.job.trial_number)
+            best = min(reached, key=lambda t: t.number)
             self.begin_end(EndReason.TARGET_VALUE_REACHED,
                            f"trial {best.job.trial_number} reached the target value {tuning.target_value:g}")
             return
@@ -465,7 +479,7 @@ class Search:
             self.begin_end(EndReason.ALL_TRIALS_FAILED, "", failure_reason=self.failure_summary(failed))
 
     def failure_summary(self, failed: list[TrialView]) -> str:
-        first = min(failed, key=lambda t: t.job.trial_number).job
+        first = min(failed, key=lambda t: t.number).job
         if first.status == JobStatus.COMPLETED:
             why = f"it completed without reporting the objective metric '{self.tuning.metric}'"
         else:
@@ -556,7 +570,7 @@ class Search:
     def update_best(self) -> None:
         best: TrainingJob | None = None
         for trial in self.trials:
-            if trial.completed and (best is None or self.tuning.better(float(trial.job.objective_value),
+            if trial.completed and (best is None or self.tuning.better(trial.objective,
                                                                        best.objective_value)):
                 best = trial.job
         self.set(best_trial_id=best.pk if best else None, best_value=best.objective_value if best else None)

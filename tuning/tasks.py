@@ -29,6 +29,8 @@ def advance_when_trial_finished(sender: Any = None, job_id: int | None = None, *
     from jobs.models import TrainingJob
     from tuning.actions import advance_soon
 
+    if job_id is None:
+        return
     tuning_job_id = TrainingJob.objects.filter(pk=job_id).values_list("tuning_job_id", flat=True).first()
     if tuning_job_id is not None:
         advance_soon(tuning_job_id)
