@@ -243,7 +243,8 @@ class ForkServer:
                    "--preload", ",".join(preload), "--ready-fd", str(ready_write), "--parent-pid", str(os.getpid())]
         try:
             # Its own session: a signal to a job's group or the worker's terminal never hits
-            # it. cwd: where `jobs` imports from, whatever PYTHONPATH `env` has.
+            # it. cwd: where `jobs` imports from, whatever PYTHONPATH `env` has; a job forked
+            # from it never has that folder on its sys.path (_inherited_sys_path).
             process = subprocess.Popen(command, cwd=REPO_ROOT, env=None if env is None else dict(env),
                                        stdin=subprocess.DEVNULL, pass_fds=(ready_write,), start_new_session=True)
         except BaseException:
@@ -875,10 +876,13 @@ def _apply_thread_count(env: Mapping[str, str]) -> None:
 
 # --- the server's entry point -------------------------------------------------------------------
 def _inherited_sys_path() -> list[str]:
-    """The server's sys.path without its own first entry and its PYTHONPATH: the
-    interpreter's and site's part, which a cold `python` would have too."""
+    """The server's sys.path without its own first entry, its PYTHONPATH and the repository
+    root: the interpreter's and site's part, which a cold `python` would have too. A job
+    reaches `trainyard` and `algorithms` through its own PYTHONPATH, as in a cold start,
+    and the studio's apps not at all."""
     own = {os.path.abspath(entry) for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry}
-    return [entry for entry in sys.path[1:] if os.path.abspath(entry) not in own]
+    return [entry for entry in sys.path[1:]
+            if os.path.abspath(entry) not in own and os.path.realpath(entry) != str(REPO_ROOT)]
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -5,6 +5,7 @@
         input/config/resourceconfig.json    {"current_host", "hosts", "network_interface_name"}
         input/data/<channel>/               staged files, or manifest.json in stream mode
         code/                               the script's source (cwd of the processes)
+        packages/                           links to the repository's trainyard/ and algorithms/
         model/  output/  output/data/  checkpoints/  logs/  tmp/
 
 One directory per node rank: simulated nodes on one machine share the data directory,
@@ -14,6 +15,7 @@ Pure functions only (no database), so they are unit-tested without a worker.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -26,6 +28,9 @@ from typing import Any
 from trainyard import protocol
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
+# What a job's processes import besides their own code and the Python environment's packages:
+# the SDK and the built-in algorithms, and nothing else of the repository (never its apps).
+JOB_PACKAGES = ("trainyard", "algorithms")
 # Variables of the worker's own environment that a job may see. Everything else (the
 # database URL, the secret key, Django's settings module) stays with the worker: job
 # processes never touch the database (ARCHITECTURE "Processes").
@@ -58,6 +63,10 @@ class JobDir:
     @property
     def code_dir(self) -> Path:
         return self.root / "code"
+
+    @property
+    def packages_dir(self) -> Path:
+        return self.root / "packages"
 
     @property
     def model_dir(self) -> Path:
@@ -105,6 +114,23 @@ class JobDir:
         for folder in (self.config_dir, self.data_dir, self.code_dir, self.model_dir, self.output_data_dir,
                        self.checkpoint_dir, self.logs_dir, self.spool_dir, self.report_dir):
             folder.mkdir(parents=True, exist_ok=True)
+        link_job_packages(self.packages_dir)
+
+
+def link_job_packages(folder: Path) -> Path:
+    """Make `folder` hold one link per JOB_PACKAGES package to the repository's folder of it,
+    and return it. Links, not copies: in a checkout, an edit reaches the next job."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in JOB_PACKAGES:
+        link, target = folder / name, REPO_ROOT / name
+        if link.is_symlink() and os.readlink(link) == str(target):
+            continue
+        temporary = folder / f".{name}.link-{os.getpid()}"
+        with contextlib.suppress(FileNotFoundError):
+            temporary.unlink()
+        temporary.symlink_to(target, target_is_directory=True)
+        os.replace(temporary, link)
+    return folder
 
 
 @dataclass(frozen=True)
@@ -236,9 +262,10 @@ def build_environment(job_dir: JobDir, facts: LaunchFacts, base: Mapping[str, st
         "PYTHONUNBUFFERED": "1",
         # Temporary files die with the job directory instead of filling /tmp.
         "TMPDIR": str(job_dir.tmp_dir),
-        # The script's own folder comes first (Python puts it on sys.path itself); the
-        # repository root makes `-m algorithms.<x>` and `import trainyard` work.
-        "PYTHONPATH": os.pathsep.join(p for p in (str(job_dir.code_dir), str(REPO_ROOT),
+        # The script's own folder comes first (Python puts it on sys.path itself); the links
+        # in packages/ make `-m algorithms.<x>` and `import trainyard` work, while the
+        # repository root, and with it the studio's apps, stays off the job's sys.path.
+        "PYTHONPATH": os.pathsep.join(p for p in (str(job_dir.code_dir), str(job_dir.packages_dir),
                                                   facts.environment.get("PYTHONPATH", "")) if p),
         "PYTHONNOUSERSITE": "1",
     })
