@@ -21,11 +21,6 @@ _TYPE_NAMES = {"integer": "an integer", "float": "a number", "string": "a string
                "categorical": "one of the choices"}
 
 
-class DataError(Exception):
-    """Input a person must fix (a missing column, an empty channel, a bad hyperparameter);
-    a training process writes its message to $SM_OUTPUT_DIR/failure, verbatim."""
-
-
 @dataclass(frozen=True)
 class Hyperparameter:
     name: str
@@ -158,7 +153,7 @@ def _parse_boolean(raw: Any, expected: str) -> bool:
 # --- what data an algorithm accepts ------------------------------------------------------
 LABEL_NAMES = ("label", "target", "class", "y", "category")  # as datasets/formats infers them
 FORMAT_NAMES = {"csv": "CSV", "jsonl": "JSON Lines", "image_folder": "image folders", "text": "plain text"}
-TABLE_FILES = (".csv", ".tsv", ".jsonl", ".ndjson")  # = common.TABLE_EXTENSIONS
+TABLE_FILES = (".csv", ".tsv", ".jsonl", ".ndjson")  # = algorithms.channels.TABLE_EXTENSIONS
 IMAGE_FILES = (".png", ".jpg", ".jpeg")  # = image.IMAGE_EXTENSIONS
 TEXT_FILES = (".txt",)
 
@@ -354,7 +349,7 @@ NUMBER = r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
 
 
 def metric_definition(name: str) -> dict[str, str]:
-    """The regex for the `name=value` token the algorithms print (see common.MetricLogger)."""
+    """The regex for the `name=value` token the algorithms print (see algorithms.metrics.MetricLogger)."""
     return {"name": name, "regex": rf"(?:^|\s){name}={NUMBER}"}
 
 

@@ -1,8 +1,8 @@
 """char-lm: a small decoder-only transformer over the characters of plain .txt files.
 
 The model is a plain stack — embedding block, N transformer blocks, head — built by
-build_layers(), so a pipeline-parallel run (algorithms.pipeline) can cut the list into
-stages and nothing else changes; a sharded one (algorithms.fsdp) shards it layer by
+build_layers(), so a pipeline-parallel run (trainyard.parallel.pipeline) can cut the list into
+stages and nothing else changes; a sharded one (trainyard.parallel.fsdp) shards it layer by
 layer. torch is imported inside functions (the layer classes are defined on first use):
 the studio reads SPEC without paying for it.
 """
@@ -20,17 +20,18 @@ from algorithms.base import (
     TEXT_FILES,
     Accepts,
     AlgorithmSpec,
-    DataError,
     Hyperparameter,
     metric_definition,
     training_hyperparameters,
 )
+from trainyard.errors import DataError
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from algorithms.common import Context, TensorBatches
+    from algorithms.process import Context
+    from trainyard.parallel.steps import TensorBatches
 
 NAME = "char-lm"
 UNKNOWN = 0  # index 0: a character train never had; vocabulary[i - 1] is character i
@@ -149,7 +150,7 @@ def build_model(architecture: dict[str, Any]) -> nn.Module:
 
 # --- text ----------------------------------------------------------------------------------
 def read_text(folder: Path, channel: str) -> str:
-    from algorithms.common import data_files
+    from algorithms.channels import data_files
     from trainyard.data import iter_lines, read_manifest
 
     if read_manifest(folder) is not None:  # stream mode: records straight from the object store
@@ -214,20 +215,23 @@ def train(ctx: Context) -> None:
     sharded or as a pipeline, as the job's distribution says), write model/ (rank 0)."""
     import torch
 
-    from algorithms import common
+    from algorithms.channels import holdout_split, optional_channel, required_channel
+    from algorithms.output import save_model
+    from algorithms.training import fit
+    from trainyard.parallel.steps import Task, TensorBatches
 
     hps = ctx.hps
     context_length = hps["context_length"]
-    text = read_text(common.required_channel(ctx, "train"), "train")
+    text = read_text(required_channel(ctx, "train"), "train")
     vocabulary = "".join(sorted(set(text)))
     inputs, targets = windows(encode_text(text, vocabulary), context_length)
-    validation_folder = common.optional_channel(ctx, "validation")
+    validation_folder = optional_channel(ctx, "validation")
     minimum = 1 if validation_folder else 2
     if len(inputs) < minimum:
         raise DataError(f"train has {len(text)} characters: char-lm needs at least {minimum * context_length + 1} "
                         f"with context_length {context_length}")
     if validation_folder is None:
-        keep, held = common.holdout_split(len(inputs), hps["seed"])
+        keep, held = holdout_split(len(inputs), hps["seed"])
         validation: tuple[np.ndarray, np.ndarray] | None = (inputs[held], targets[held])
         inputs, targets = inputs[keep], targets[keep]
         ctx.log(f"no validation channel: held out {len(held)} of train's windows (seed {hps['seed']})")
@@ -236,13 +240,13 @@ def train(ctx: Context) -> None:
         if len(validation[0]) == 0:
             validation = None
             ctx.log(f"validation text is shorter than context_length {context_length}: no validation metrics")
-    test_folder = common.optional_channel(ctx, "test")
+    test_folder = optional_channel(ctx, "test")
     test = windows(encode_text(read_text(test_folder, "test"), vocabulary), context_length) if test_folder else None
 
     def tensors(pair: tuple[np.ndarray, np.ndarray] | None) -> TensorBatches | None:
         if pair is None or len(pair[0]) == 0:
             return None
-        return common.TensorBatches(torch.from_numpy(np.ascontiguousarray(pair[0])),
+        return TensorBatches(torch.from_numpy(np.ascontiguousarray(pair[0])),
                                     torch.from_numpy(np.ascontiguousarray(pair[1])))
 
     architecture = {"vocabulary_size": len(vocabulary) + 1, "context_length": context_length,
@@ -253,27 +257,27 @@ def train(ctx: Context) -> None:
     ctx.log(f"model: {sum(parameter.numel() for parameter in model.parameters())} parameters")
     train_data = tensors((inputs, targets))
     assert train_data is not None
-    task = common.Task(model=model, train=train_data, validation=tensors(validation), test=tensors(test),
+    task = Task(model=model, train=train_data, validation=tensors(validation), test=tensors(test),
                        report="perplexity")
     if ctx.distribution == "pipeline":
-        from algorithms import pipeline
+        from trainyard.parallel import pipeline
 
         metrics, weights = pipeline.fit(ctx, task, list(model.children()), layer_names(architecture))
     elif ctx.distribution == "fsdp":
-        from algorithms.fsdp import FullyShard
+        from trainyard.parallel.fsdp import FullyShard
 
         strategy = FullyShard(ctx)
-        metrics = common.fit(ctx, task, strategy)
+        metrics = fit(ctx, task, strategy)
         weights = strategy.model_state(model)  # every rank takes part in the gather
     else:
-        metrics, weights = common.fit(ctx, task), None
+        metrics, weights = fit(ctx, task), None
     schema = {"vocabulary": vocabulary, "context_length": context_length}
-    common.save_model(ctx, model, architecture=architecture, input_schema=schema, labels=None, metrics=metrics,
+    save_model(ctx, model, architecture=architecture, input_schema=schema, labels=None, metrics=metrics,
                       weights=weights)
 
 
 def main() -> None:
-    from algorithms.common import run_algorithm
+    from algorithms.process import run_algorithm
 
     run_algorithm(SPEC, train)
 

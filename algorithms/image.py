@@ -20,17 +20,18 @@ from algorithms.base import (
     IMAGE_FILES,
     Accepts,
     AlgorithmSpec,
-    DataError,
     Hyperparameter,
     metric_definition,
     training_hyperparameters,
 )
+from trainyard.errors import DataError
 
 if TYPE_CHECKING:
     from PIL import Image
     from torch import nn
 
-    from algorithms.common import Context, TensorBatches
+    from algorithms.process import Context
+    from trainyard.parallel.steps import TensorBatches
 
 NAME = "image-classifier"
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
@@ -87,7 +88,7 @@ def read_images(folder: Path, channel: str, size: int, channels: int) -> tuple[n
     """(images (N, channels, size, size) uint8, class of each) for every image in the channel."""
     from PIL import Image, UnidentifiedImageError
 
-    from algorithms.common import data_files
+    from algorithms.channels import data_files
     from trainyard.data import open_files, read_manifest
 
     if read_manifest(folder) is not None:
@@ -177,15 +178,18 @@ def train(ctx: Context) -> None:
     statistics from train. 3. Fit, then write model/ (rank 0)."""
     import torch
 
-    from algorithms import common
+    from algorithms.channels import encode_labels, holdout_split, label_vocabulary, optional_channel, required_channel
+    from algorithms.output import save_model
+    from algorithms.training import fit
+    from trainyard.parallel.steps import Task, TensorBatches
 
     hps = ctx.hps
     size, channels = hps["image_size"], hps["channels"]
-    images, labels = read_images(common.required_channel(ctx, "train"), "train", size, channels)
-    classes = common.label_vocabulary(labels, "train")
-    validation_folder = common.optional_channel(ctx, "validation")
+    images, labels = read_images(required_channel(ctx, "train"), "train", size, channels)
+    classes = label_vocabulary(labels, "train")
+    validation_folder = optional_channel(ctx, "validation")
     if validation_folder is None:
-        keep, held = common.holdout_split(len(labels), hps["seed"])
+        keep, held = holdout_split(len(labels), hps["seed"])
         validation: tuple[np.ndarray, list[str]] | None = (images[held], [labels[i] for i in held])
         images, labels = images[keep], [labels[i] for i in keep]
         ctx.log(f"no validation channel: held out {len(held)} of train's images (seed {hps['seed']})")
@@ -197,26 +201,26 @@ def train(ctx: Context) -> None:
     schema = {"image_size": size, "channels": channels, "mean": mean, "std": std}
 
     def tensors(arrays: np.ndarray, names: list[str], where: str) -> TensorBatches:
-        targets, kept = common.encode_labels(names, classes, where)
-        return common.TensorBatches(torch.from_numpy(normalise(arrays[kept], mean, std)), torch.from_numpy(targets))
+        targets, kept = encode_labels(names, classes, where)
+        return TensorBatches(torch.from_numpy(normalise(arrays[kept], mean, std)), torch.from_numpy(targets))
 
-    test_folder = common.optional_channel(ctx, "test")
+    test_folder = optional_channel(ctx, "test")
     test = read_images(test_folder, "test", size, channels) if test_folder else None
     architecture = {"image_size": size, "channels": channels, "width": hps["width"], "dropout": hps["dropout"],
                     "num_classes": len(classes)}
     ctx.log(f"{len(labels)} train images at {size}x{size}x{channels}, {len(classes)} classes: {', '.join(classes[:10])}")
-    task = common.Task(
+    task = Task(
         model=build_model(architecture),
         train=tensors(images, labels, "train"),
         validation=tensors(*validation, "validation") if validation is not None else None,
         test=tensors(*test, "test") if test is not None else None,
     )
-    metrics = common.fit(ctx, task)
-    common.save_model(ctx, task.model, architecture=architecture, input_schema=schema, labels=classes, metrics=metrics)
+    metrics = fit(ctx, task)
+    save_model(ctx, task.model, architecture=architecture, input_schema=schema, labels=classes, metrics=metrics)
 
 
 def main() -> None:
-    from algorithms.common import run_algorithm
+    from algorithms.process import run_algorithm
 
     run_algorithm(SPEC, train)
 

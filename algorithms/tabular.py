@@ -18,16 +18,17 @@ from algorithms.base import (
     TABLE_FILES,
     Accepts,
     AlgorithmSpec,
-    DataError,
     Hyperparameter,
     metric_definition,
     training_hyperparameters,
 )
+from trainyard.errors import DataError
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from algorithms.common import Context, Table
+    from algorithms.channels import Table
+    from algorithms.process import Context
 
 NAME = "tabular-classifier"
 # Past this many distinct values a string column keeps only its most frequent ones (an id
@@ -163,7 +164,7 @@ def make_encoder(config: dict[str, Any]):
 # --- training ------------------------------------------------------------------------------
 def labelled_features(table: Table, schema: dict[str, Any], classes: list[str], where: str) -> tuple[np.ndarray, np.ndarray]:
     """(features, class indices) of the rows that have a label train knows."""
-    from algorithms.common import encode_labels, label_text
+    from algorithms.channels import encode_labels, label_text
 
     label_column = schema["label_column"]
     if label_column not in table.columns:
@@ -179,48 +180,60 @@ def train(ctx: Context) -> None:
     model/ (rank 0)."""
     import torch
 
-    from algorithms import common
+    from algorithms.channels import (
+        Table,
+        find_label_column,
+        holdout_split,
+        label_text,
+        label_vocabulary,
+        optional_channel,
+        read_table,
+        required_channel,
+    )
+    from algorithms.output import save_model
+    from algorithms.training import fit
+    from trainyard.parallel.steps import Task, TensorBatches
 
     hps = ctx.hps
-    train_table = common.read_table(common.required_channel(ctx, "train"), "train")
-    label_column = common.find_label_column(train_table, hps["label_column"])
-    train_table.rows = [row for row in train_table.rows if common.label_text(row.get(label_column)) != ""]
+    train_table = read_table(required_channel(ctx, "train"), "train")
+    label_column = find_label_column(train_table, hps["label_column"])
+    train_table.rows = [row for row in train_table.rows if label_text(row.get(label_column)) != ""]
     if not train_table.rows:
         raise DataError(f"every row of {train_table.name} has an empty {label_column!r}")
-    classes = common.label_vocabulary((common.label_text(row[label_column]) for row in train_table.rows), train_table.name)
-    validation_folder = common.optional_channel(ctx, "validation")
+    classes = label_vocabulary((label_text(row[label_column]) for row in train_table.rows), train_table.name)
+    validation_folder = optional_channel(ctx, "validation")
     if validation_folder is None:
-        keep, held = common.holdout_split(len(train_table.rows), hps["seed"])
+        keep, held = holdout_split(len(train_table.rows), hps["seed"])
         validation_rows = [train_table.rows[i] for i in held]
         train_table.rows = [train_table.rows[i] for i in keep]
-        validation_table: Table | None = common.Table(f"{train_table.name} (held out)", train_table.columns, validation_rows)
+        validation_table: Table | None = Table(f"{train_table.name} (held out)", train_table.columns, validation_rows)
         ctx.log(f"no validation channel: held out {len(held)} of train's rows (seed {hps['seed']})")
     else:
-        validation_table = common.read_table(validation_folder, "validation")
+        validation_table = read_table(validation_folder, "validation")
     schema = infer_input_schema(train_table, label_column)
 
-    def tensors(table: Table, where: str) -> common.TensorBatches:
+    def tensors(table: Table, where: str) -> TensorBatches:
         features, targets = labelled_features(table, schema, classes, where)
-        return common.TensorBatches(torch.from_numpy(features), torch.from_numpy(targets))
+        return TensorBatches(torch.from_numpy(features), torch.from_numpy(targets))
 
-    test_folder = common.optional_channel(ctx, "test")
+    test_folder = optional_channel(ctx, "test")
     architecture = {"input_size": input_size(schema), "hidden_units": hps["hidden_units"], "layers": hps["layers"],
                     "dropout": hps["dropout"], "num_classes": len(classes)}
     ctx.log(f"{len(train_table.rows)} train rows, {architecture['input_size']} inputs "
             f"({len(schema['numeric'])} numeric, {len(schema['categorical'])} categorical columns), "
             f"{len(classes)} classes: {', '.join(classes[:10])}")
-    task = common.Task(
+    task = Task(
         model=build_model(architecture),
         train=tensors(train_table, "train"),
         validation=tensors(validation_table, "validation") if validation_table is not None else None,
-        test=tensors(common.read_table(test_folder, "test"), "test") if test_folder else None,
+        test=tensors(read_table(test_folder, "test"), "test") if test_folder else None,
     )
-    metrics = common.fit(ctx, task)
-    common.save_model(ctx, task.model, architecture=architecture, input_schema=schema, labels=classes, metrics=metrics)
+    metrics = fit(ctx, task)
+    save_model(ctx, task.model, architecture=architecture, input_schema=schema, labels=classes, metrics=metrics)
 
 
 def main() -> None:
-    from algorithms.common import run_algorithm
+    from algorithms.process import run_algorithm
 
     run_algorithm(SPEC, train)
 

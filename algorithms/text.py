@@ -18,16 +18,18 @@ from algorithms.base import (
     TABLE_FILES,
     Accepts,
     AlgorithmSpec,
-    DataError,
     Hyperparameter,
     metric_definition,
     training_hyperparameters,
 )
+from trainyard.errors import DataError
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from algorithms.common import Context, Table, TensorBatches
+    from algorithms.channels import Table
+    from algorithms.process import Context
+    from trainyard.parallel.steps import TensorBatches
 
 NAME = "text-classifier"
 PADDING = 0  # index 0 pads short records; EmbeddingBag leaves it out of the mean
@@ -142,7 +144,7 @@ def make_encoder(config: dict[str, Any]):
 
 # --- training ------------------------------------------------------------------------------
 def _texts_and_labels(table: Table, text_column: str, label_column: str) -> tuple[list[str], list[str]]:
-    from algorithms.common import label_text
+    from algorithms.channels import label_text
 
     for column, role in ((text_column, "text"), (label_column, "label")):
         if column not in table.columns:
@@ -156,24 +158,35 @@ def train(ctx: Context) -> None:
     seeded 10%. 3. Build the n-gram vocabulary from train. 4. Fit, write model/ (rank 0)."""
     import torch
 
-    from algorithms import common
+    from algorithms.channels import (
+        encode_labels,
+        find_label_column,
+        holdout_split,
+        label_vocabulary,
+        optional_channel,
+        read_table,
+        required_channel,
+    )
+    from algorithms.output import save_model
+    from algorithms.training import fit
+    from trainyard.parallel.steps import Task, TensorBatches
 
     hps = ctx.hps
-    table = common.read_table(common.required_channel(ctx, "train"), "train")
+    table = read_table(required_channel(ctx, "train"), "train")
     if hps["text_column"] not in table.columns:
         raise DataError(f"text column {hps['text_column']!r} not found in {table.name}; columns are "
                         f"{', '.join(table.columns)} (set the hyperparameter text_column)")
-    label_column = common.find_label_column(table, hps["label_column"])
+    label_column = find_label_column(table, hps["label_column"])
     texts, labels = _texts_and_labels(table, hps["text_column"], label_column)
-    classes = common.label_vocabulary(labels, table.name)
-    validation_folder = common.optional_channel(ctx, "validation")
+    classes = label_vocabulary(labels, table.name)
+    validation_folder = optional_channel(ctx, "validation")
     if validation_folder is None:
-        keep, held = common.holdout_split(len(texts), hps["seed"])
+        keep, held = holdout_split(len(texts), hps["seed"])
         validation: tuple[list[str], list[str]] | None = ([texts[i] for i in held], [labels[i] for i in held])
         texts, labels = [texts[i] for i in keep], [labels[i] for i in keep]
         ctx.log(f"no validation channel: held out {len(held)} of train's rows (seed {hps['seed']})")
     else:
-        validation = _texts_and_labels(common.read_table(validation_folder, "validation"), hps["text_column"], label_column)
+        validation = _texts_and_labels(read_table(validation_folder, "validation"), hps["text_column"], label_column)
     vocabulary = build_vocabulary(texts, hps)
     if not vocabulary:
         raise DataError(f"no n-grams left in {table.name} after min_count={hps['min_count']}: lower min_count")
@@ -181,28 +194,28 @@ def train(ctx: Context) -> None:
               "ngrams": hps["ngrams"], "max_tokens": hps["max_tokens"], "vocabulary": vocabulary}
 
     def tensors(part_texts: list[str], part_labels: list[str], where: str) -> TensorBatches:
-        targets, kept = common.encode_labels(part_labels, classes, where)
+        targets, kept = encode_labels(part_labels, classes, where)
         indices = encode_texts([part_texts[i] for i in kept], schema)
-        return common.TensorBatches(torch.from_numpy(indices), torch.from_numpy(targets))
+        return TensorBatches(torch.from_numpy(indices), torch.from_numpy(targets))
 
-    test_folder = common.optional_channel(ctx, "test")
-    test = _texts_and_labels(common.read_table(test_folder, "test"), hps["text_column"], label_column) if test_folder else None
+    test_folder = optional_channel(ctx, "test")
+    test = _texts_and_labels(read_table(test_folder, "test"), hps["text_column"], label_column) if test_folder else None
     architecture = {"vocabulary_size": len(vocabulary), "embedding_dim": hps["embedding_dim"], "dropout": hps["dropout"],
                     "num_classes": len(classes)}
     ctx.log(f"{len(texts)} train texts, {len(vocabulary)} {hps['token_type']} n-grams (n ≤ {hps['ngrams']}), "
             f"{len(classes)} classes: {', '.join(classes[:10])}")
-    task = common.Task(
+    task = Task(
         model=build_model(architecture),
         train=tensors(texts, labels, "train"),
         validation=tensors(*validation, "validation") if validation is not None else None,
         test=tensors(*test, "test") if test is not None else None,
     )
-    metrics = common.fit(ctx, task)
-    common.save_model(ctx, task.model, architecture=architecture, input_schema=schema, labels=classes, metrics=metrics)
+    metrics = fit(ctx, task)
+    save_model(ctx, task.model, architecture=architecture, input_schema=schema, labels=classes, metrics=metrics)
 
 
 def main() -> None:
-    from algorithms.common import run_algorithm
+    from algorithms.process import run_algorithm
 
     run_algorithm(SPEC, train)
 

@@ -9,11 +9,11 @@ vocabulary: a big embedding (cheap to run, many parameters), 8 transformer block
 output head over the vocabulary that costs as much as several blocks. For each stage
 count and partition it prints
 1. predicted balance: slowest stage ÷ mean stage, from the profile and the cost model
-   (algorithms.partition) the pipeline itself uses;
+   (trainyard.parallel.partition) the pipeline itself uses;
 2. measured balance: each stage run for real, alone, on this machine (one thread, the
    forward and backward of a whole step's microbatches, median of --steps);
 3. pipeline step: the wall time of a training step of a real two-process pipeline
-   (torch.distributed.run, gloo, one thread each: algorithms.pipeline's StageRunner
+   (torch.distributed.run, gloo, one thread each: trainyard.parallel.pipeline's StageRunner
    over torch.distributed.pipelining, GPipe) — its fastest step and its median step —
    with its stages' own compute balance ("in-pipeline"). Runs of the two partitions
    alternate, --repeat times, and the best of each is compared: on a shared machine the
@@ -68,7 +68,7 @@ def measure_stages(layers, ranges, vocabulary: int, steps: int) -> list[float]:
     output's shape (the last stage from the loss), as the pipeline runs it; median ms."""
     import torch
 
-    from algorithms.pipeline import summed_cross_entropy
+    from trainyard.parallel.pipeline import summed_cross_entropy
 
     inputs, targets = batch(vocabulary, BATCH)
     micro_inputs, micro_targets = inputs.chunk(MICROBATCHES), targets.chunk(MICROBATCHES)
@@ -116,7 +116,7 @@ def worker(ranges: list[list[int]], vocabulary: int, steps: int) -> None:
 
     import torch
 
-    from algorithms.pipeline import PipelineSettings, StageRunner
+    from trainyard.parallel.pipeline import PipelineSettings, StageRunner
 
     torch.distributed.init_process_group("gloo")
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -164,8 +164,8 @@ def main() -> int:
 
     import torch
 
-    from algorithms.partition import CostModel, auto_partition, balance, even_partition, profile_layers
-    from algorithms.pipeline import BANDWIDTH_BYTES_PER_MS, summed_cross_entropy
+    from trainyard.parallel.partition import CostModel, auto_partition, balance, even_partition, profile_layers
+    from trainyard.parallel.pipeline import BANDWIDTH_BYTES_PER_MS, summed_cross_entropy
 
     torch.set_num_threads(1)  # as each pipeline process runs
     started = time.monotonic()

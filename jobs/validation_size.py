@@ -7,7 +7,7 @@ records, and the API exposes the count.
 - A job with a validation channel: the records staging gives that channel (the version's
   validation records, or the whole version when it has none — jobs.runner.staging).
 - A built-in classifier without one: the seeded holdout of its train records,
-  max(1, round(train × 10 %)) — the rule of algorithms.common.holdout_split.
+  max(1, round(train × 10 %)) — the rule of algorithms.channels.holdout_split.
 - Anything else (a script, char-lm's windows): unknown, None.
 """
 
@@ -18,7 +18,7 @@ from typing import TypedDict
 from jobs.runner.staging import VersionFacts, plan_channel
 
 MIN_VALIDATION_RECORDS = 30
-# algorithms.common.HOLDOUT_FRACTION (that module imports torch; the web does not).
+# algorithms.channels.HOLDOUT_FRACTION (that module imports torch; the web does not).
 HOLDOUT_FRACTION = 0.1
 HOLDOUT_ALGORITHMS = frozenset({"tabular-classifier", "image-classifier", "text-classifier"})
 VALIDATION_CHANNELS = ("validation", "valid", "val")

@@ -27,8 +27,8 @@ log = logging.getLogger(__name__)
 # seeds with it) imports it lazily, pulling in torch._dynamo — 1.5 s of a warm start.
 # redis: trainyard.metrics imports it at a process's first log_metric (0.1-0.4 s before
 # the first point can leave; import only, no connection is made here).
-PRELOAD = ("torch", "torch.nn", "torch.distributed", "torch._inductor.config", "numpy", "algorithms.common",
-           "trainyard.metrics", "redis")
+PRELOAD = ("torch", "torch.nn", "torch.distributed", "torch._inductor.config", "numpy", "algorithms.process",
+           "algorithms.channels", "algorithms.training", "algorithms.output", "trainyard.metrics", "redis")
 
 _lock = threading.Lock()
 _server = None  # jobs.runner.process.forkserver.ForkServer

@@ -178,11 +178,11 @@ def test_a_tuning_job_base_job_gets_the_same_check(owner, client_for, versions):
 
 
 def test_the_declaration_matches_what_the_algorithms_read():
-    from algorithms import common, image
+    from algorithms import channels, image
 
-    assert TABLE_FILES == common.TABLE_EXTENSIONS
+    assert TABLE_FILES == channels.TABLE_EXTENSIONS
     assert IMAGE_FILES == image.IMAGE_EXTENSIONS
-    assert LABEL_NAMES == common.LABEL_NAMES
+    assert LABEL_NAMES == channels.LABEL_NAMES
     for spec in ALGORITHMS.values():
         described = spec.as_json()
         assert described["accepts"]["extensions"], spec.name

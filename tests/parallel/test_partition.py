@@ -1,4 +1,4 @@
-"""algorithms.partition: the exact partitioner against brute force, the simple
+"""trainyard.parallel.partition: the exact partitioner against brute force, the simple
 partitions, the memory cap, and the profiler on char-lm's real layers."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from algorithms.partition import (
+from tests.conftest import ROOT
+from trainyard.parallel.partition import (
     MB,
     CostModel,
     LayerCost,
@@ -21,7 +22,6 @@ from algorithms.partition import (
     manual_partition,
     profile_layers,
 )
-from tests.conftest import ROOT
 
 
 def random_model(rng: random.Random, size: int, *, schedule: str = "gpipe") -> CostModel:
@@ -128,7 +128,7 @@ def test_even_and_manual_partitions():
 
 
 def test_the_partitioner_does_not_import_torch():
-    code = "import sys, algorithms.partition; assert 'torch' not in sys.modules"
+    code = "import sys, trainyard.parallel.partition; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
@@ -136,7 +136,7 @@ def test_profiler_measures_char_lm_layers():
     import torch
 
     from algorithms.charlm import build_layers, layer_names
-    from algorithms.pipeline import summed_cross_entropy
+    from trainyard.parallel.pipeline import summed_cross_entropy
 
     architecture = {"vocabulary_size": 40, "context_length": 16, "embedding_dim": 32, "layers": 2, "heads": 2,
                     "dropout": 0.0}

@@ -1,6 +1,7 @@
 """distribution "fsdp": the model's parameters, gradients and optimizer state sharded over
 the processes, so each holds 1/world_size of them (and gathers a layer's weights only while
-it runs). common.fit trains with it as with DDP; only how the model is spread differs.
+it runs). The training loop (algorithms.training.fit) trains with it as with DDP; only how
+the model is spread differs.
 
 The preferred API is torch's `fully_shard` (FSDP2): each top-level layer its own unit,
 resharded after forward (FULL_SHARD). What cannot run here falls back *loudly*: a line
@@ -27,12 +28,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from algorithms.common import Context, Distributed, Replicated, emit
 from trainyard import report
+from trainyard.parallel.processes import Distributed, emit
+from trainyard.parallel.replicated import Replicated
+from trainyard.parallel.steps import Run
 
 
 class FullyShard(Replicated):
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Run) -> None:
         self.ctx = ctx
         self.api = "fully_shard"  # what actually runs: fully_shard | FullyShardedDataParallel | ddp | none
         self.fallbacks: list[str] = []

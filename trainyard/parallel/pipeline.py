@@ -5,12 +5,12 @@ PipelineStage with ScheduleGPipe or Schedule1F1B).
     metrics, weights = pipeline.fit(ctx, task, layers, names)  # weights: the whole model, on rank 0
 
 1. Partition (rank 0 decides, every rank follows): "auto" profiles each layer on a sample
-   microbatch and takes the exact min-max split (algorithms.partition), under
+   microbatch and takes the exact min-max split (trainyard.parallel.partition), under
    memory_cap_mb; "even" and a list of counts are taken as given. A resumed run keeps its
    checkpoint's partition, so each stage finds its own optimizer state.
 2. Every rank has built the whole model from the same seed and keeps its stage's layers,
    under their original indices, so stage state dicts merge into the unsplit model's.
-3. Train as common.fit does, and over the same batches as a one-process run (the sampler is
+3. Train as the replicated loop (algorithms.training.fit) does, and over the same batches as a one-process run (the sampler is
    the one-process sampler on every rank): the loss is summed per microbatch and scaled by
    the whole batch's token count, so the microbatches' gradients add up to the batch's.
    Only the last stage knows the loss; it is broadcast when reported, and every rank logs it.
@@ -38,9 +38,9 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.utils.data import BatchSampler, DataLoader
 
-from algorithms import common
-from algorithms.base import DataError
-from algorithms.partition import (
+from trainyard import checkpoints, protocol, report
+from trainyard.errors import DataError
+from trainyard.parallel.partition import (
     MB,
     CostModel,
     Partition,
@@ -52,7 +52,8 @@ from algorithms.partition import (
     manual_partition,
     profile_layers,
 )
-from trainyard import checkpoints, protocol, report
+from trainyard.parallel.processes import emit
+from trainyard.parallel.steps import EVAL_BATCH_SIZE, Run, Task, TensorBatches, plan_steps, restore_rng, rng_state
 
 SCHEDULES = ("gpipe", "1f1b")
 # Assumed speed of a cut between neighbouring stages (bytes per ms): the partitioner weighs
@@ -221,7 +222,7 @@ class StageRunner:
 
 
 # --- collectives --------------------------------------------------------------------------------
-def _decided_on_main(ctx: common.Context, decide: Callable[[], T]) -> T:
+def _decided_on_main(ctx: Run, decide: Callable[[], T]) -> T:
     """decide() on rank 0, its result (or its DataError, so every rank fails alike) on all."""
     box: list[Any] = [None]
     if ctx.dist.is_main:
@@ -236,7 +237,7 @@ def _decided_on_main(ctx: common.Context, decide: Callable[[], T]) -> T:
     return value
 
 
-def _from_last_stage(ctx: common.Context, values: list[float] | None, count: int) -> list[float]:
+def _from_last_stage(ctx: Run, values: list[float] | None, count: int) -> list[float]:
     """Figures only the last stage has (losses), sent to every rank."""
     tensor = torch.tensor(values if values is not None else [0.0] * count, dtype=torch.float64, device=ctx.dist.device)
     torch.distributed.broadcast(tensor, src=ctx.dist.world_size - 1)
@@ -253,7 +254,7 @@ def _cpu(value: Any) -> Any:
     return value
 
 
-def _gather_on_main(ctx: common.Context, piece: Any) -> list[Any] | None:
+def _gather_on_main(ctx: Run, piece: Any) -> list[Any] | None:
     pieces: list[Any] | None = [None] * ctx.dist.world_size if ctx.dist.is_main else None
     torch.distributed.gather_object(_cpu(piece), pieces, dst=0)
     return pieces
@@ -271,7 +272,7 @@ class Plan:
     notes: list[str]
 
 
-def _plan(ctx: common.Context, settings: PipelineSettings, task: common.Task, layers: list[nn.Module],
+def _plan(ctx: Run, settings: PipelineSettings, task: Task, layers: list[nn.Module],
           names: list[str], resumed: tuple[int, list[StageRange]] | None) -> Plan:
     """Rank 0: profile, choose (or take) the partition, write the first report."""
     hps = ctx.hps
@@ -333,13 +334,13 @@ def _report(settings: PipelineSettings, plan: Plan, names: list[str], measured: 
 
 
 # --- checkpoints --------------------------------------------------------------------------------
-def _read_checkpoint(ctx: common.Context, stages: int) -> tuple[int, list[StageRange], list[dict[str, Any]]] | None:
+def _read_checkpoint(ctx: Run, stages: int) -> tuple[int, list[StageRange], list[dict[str, Any]]] | None:
     """Rank 0: the newest readable checkpoint as (step, partition, each stage's piece)."""
     for step, path in reversed(checkpoints.list_checkpoints(ctx.env.checkpoint_dir)):
         try:
             state = checkpoints.load_checkpoint(path)
         except Exception as exc:
-            common.emit(f"warning: checkpoint {path.name} is unreadable ({exc}); trying an older one", sys.stderr)
+            emit(f"warning: checkpoint {path.name} is unreadable ({exc}); trying an older one", sys.stderr)
             continue
         if state.get("algorithm") != ctx.spec.name:
             raise DataError(f"checkpoint {path.name} was written by {state.get('algorithm')!r}, not {ctx.spec.name}: "
@@ -359,10 +360,10 @@ def _read_checkpoint(ctx: common.Context, stages: int) -> tuple[int, list[StageR
     return None
 
 
-def _save_checkpoint(ctx: common.Context, runner: StageRunner, optimizer: torch.optim.Optimizer,
+def _save_checkpoint(ctx: Run, runner: StageRunner, optimizer: torch.optim.Optimizer,
                      ranges: list[StageRange], step: int, epoch: int) -> None:
     pieces = _gather_on_main(ctx, {"model": runner.module.state_dict(), "optimizer": optimizer.state_dict(),
-                                   "rng": common.rng_state()})
+                                   "rng": rng_state()})
     if pieces is None:
         return
     model: dict[str, torch.Tensor] = {}
@@ -377,13 +378,13 @@ def _save_checkpoint(ctx: common.Context, runner: StageRunner, optimizer: torch.
 
 
 # --- evaluation ---------------------------------------------------------------------------------
-def _evaluate(ctx: common.Context, runner: StageRunner, data: common.TensorBatches, prefix: str) -> dict[str, float]:
+def _evaluate(ctx: Run, runner: StageRunner, data: TensorBatches, prefix: str) -> dict[str, float]:
     """Every rank runs every batch (each holds a part of each forward); the last stage's
     sums reach all ranks, so all report the same figures."""
     runner.module.eval()
     total = count = 0.0
-    for start in range(0, len(data), common.EVAL_BATCH_SIZE):
-        inputs, targets = data[list(range(start, min(start + common.EVAL_BATCH_SIZE, len(data))))]
+    for start in range(0, len(data), EVAL_BATCH_SIZE):
+        inputs, targets = data[list(range(start, min(start + EVAL_BATCH_SIZE, len(data))))]
         summed = runner.loss_sum(inputs, targets)
         if summed is not None:
             total += summed
@@ -395,7 +396,7 @@ def _evaluate(ctx: common.Context, runner: StageRunner, data: common.TensorBatch
 
 
 # --- training -----------------------------------------------------------------------------------
-def fit(ctx: common.Context, task: common.Task, layers: list[nn.Module],
+def fit(ctx: Run, task: Task, layers: list[nn.Module],
         names: list[str]) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
     """Train `layers` (the model is nn.Sequential(*layers)) as a pipeline of one stage per
     process. Returns (final metrics on every rank, the whole model's state dict on rank 0
@@ -439,12 +440,12 @@ def fit(ctx: common.Context, task: common.Task, layers: list[nn.Module],
         except (RuntimeError, ValueError, KeyError) as exc:
             raise DataError(f"checkpoint step {resumed[0]} does not fit this model (were the data or the architecture "
                             f"hyperparameters changed?): {str(exc).splitlines()[0]}") from None
-        common.restore_rng(piece["rng"])
+        restore_rng(piece["rng"])
         step = resumed[0]
         ctx.log(f"resumed from checkpoint step {step}")
 
-    # 3. The loop of common.fit, over the batches a one-process run sees.
-    sampler, steps_per_epoch, last_step = common.plan_steps(ctx, task, step, replicas=1, rank=0)
+    # 3. The replicated training loop, over the batches a one-process run sees.
+    sampler, steps_per_epoch, last_step = plan_steps(ctx, task, step, replicas=1, rank=0)
     every = ctx.env.checkpoint_every_steps
     final: dict[str, float] = {}
     evaluated_at = checkpointed_at = -1

@@ -1,0 +1,98 @@
+"""A built-in algorithm's training process from start to exit: the environment and
+hyperparameters read, seeding, the process group, the Context the algorithm trains with, and
+bad input turned into $SM_OUTPUT_DIR/failure and exit status 2.
+
+Imports torch at the top: only training processes import this module.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+import torch
+
+from algorithms.base import AlgorithmSpec, validate_hyperparameters
+from algorithms.metrics import MetricLogger
+from trainyard import protocol
+from trainyard.env import TrainingEnvironment
+from trainyard.errors import DataError
+from trainyard.parallel.processes import Distributed, emit, seed_everything, start_distributed, stop_distributed
+
+
+@dataclass
+class Context:
+    spec: AlgorithmSpec
+    env: TrainingEnvironment
+    hps: dict[str, Any]
+    dist: Distributed
+    logger: MetricLogger = field(default_factory=MetricLogger)
+    # The job's `distribution` (TRAINYARD_DISTRIBUTION): "none" and "ddp" both replicate the
+    # model (DDP once there are two processes); "fsdp" shards it; "pipeline" cuts it in stages.
+    distribution: str = "none"
+
+    def log(self, message: str) -> None:
+        emit(message)
+
+
+def write_failure(output_dir: Path, reason: str) -> None:
+    """Atomic, so two ranks failing alike leave one whole message, never an interleaving."""
+    failure = output_dir / "failure"
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        temporary = output_dir / f".failure.tmp-{os.getpid()}"
+        temporary.write_text(reason.strip() + "\n", encoding="utf-8")
+        os.replace(temporary, failure)
+    except OSError as exc:
+        emit(f"could not write {failure}: {exc}", sys.stderr)
+
+
+def _fail(output_dir: Path, reason: str) -> NoReturn:
+    write_failure(output_dir, reason)
+    emit(f"error: {reason}", sys.stderr)
+    sys.exit(2)
+
+
+def run_algorithm(spec: AlgorithmSpec, train: Callable[[Context], None]) -> None:
+    """1. Read the environment and hyperparameters (strings coerced through the schema).
+    2. Seed, join the process group, train. 3. On bad input write the reason to
+    $SM_OUTPUT_DIR/failure and exit 2; the process group is always destroyed."""
+    try:
+        env = TrainingEnvironment.from_env()
+    except ValueError as exc:  # SM_HPS that is not JSON, a RANK that is not a number
+        _fail(Path(os.environ.get("SM_OUTPUT_DIR", "/opt/ml/output")), str(exc))
+    try:
+        hps, errors = validate_hyperparameters(spec, env.hyperparameters, allow_unknown=True)
+        if errors:
+            raise DataError("invalid hyperparameters: " + "; ".join(errors.values()))
+        distribution = read_distribution(spec)
+        emit(f"rank {env.rank}/{env.world_size} on host {env.current_host}: {spec.name} "
+             f"WORLD_SIZE={env.world_size} LOCAL_RANK={env.local_rank} torch {torch.__version__} "
+             f"threads={torch.get_num_threads()} distribution={distribution}")
+        ignored = sorted(set(map(str, env.hyperparameters)) - set(hps))
+        if ignored:
+            emit(f"note: ignoring hyperparameters {spec.name} does not take: {', '.join(ignored)}")
+        seed_everything(hps["seed"])
+        dist = start_distributed(env)
+        context = Context(spec=spec, env=env, hps=hps, dist=dist, distribution=distribution)
+        try:
+            train(context)
+        finally:
+            context.logger.close()
+            stop_distributed(dist)
+    except DataError as exc:
+        _fail(env.output_dir, str(exc))
+
+
+def read_distribution(spec: AlgorithmSpec) -> str:
+    """TRAINYARD_DISTRIBUTION ("none" when unset, as in a run by hand), if the algorithm
+    supports it; the API checks the same, so only a hand-made environment gets this far."""
+    distribution = os.environ.get(protocol.ENV_DISTRIBUTION, "").strip() or "none"
+    if distribution not in spec.distributions:
+        raise DataError(f"{spec.name} does not support distribution {distribution!r}; it supports "
+                        f"{', '.join(spec.distributions)}")
+    return distribution
