@@ -37,4 +37,6 @@ class DatasetUploadForm(forms.Form):
 
     def __init__(self, *args, projects: list[Project], **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["project"].choices = [(p.slug, f"{p.name} ({p.slug})" if p.name != p.slug else p.slug) for p in projects]
+        project = self.fields["project"]
+        assert isinstance(project, forms.ChoiceField)
+        project.choices = [(p.slug, f"{p.name} ({p.slug})" if p.name != p.slug else p.slug) for p in projects]

@@ -24,7 +24,9 @@ class WorkTeamForm(forms.Form):
 
     def __init__(self, *args, projects: list, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["project"].choices = [(p.slug, p.name) for p in projects]
+        project = self.fields["project"]
+        assert isinstance(project, forms.ChoiceField)
+        project.choices = [(p.slug, p.name) for p in projects]
 
     def clean_members(self) -> list[str]:
         names = [name for name in re.split(r"[\s,]+", self.cleaned_data["members"]) if name]
@@ -33,9 +35,16 @@ class WorkTeamForm(forms.Form):
         return sorted(set(names))
 
 
+class WorkTeamChoiceField(forms.ModelChoiceField):
+    """A work team named with its project, since teams of two projects may share a name."""
+
+    def label_from_instance(self, obj: WorkTeam) -> str:
+        return f"{obj.name} ({obj.project.slug})"
+
+
 class FlowForm(forms.Form):
-    work_team = forms.ModelChoiceField(queryset=WorkTeam.objects.none(), empty_label=None,
-                                       help_text="Its members answer this flow's items in their inbox.")
+    work_team = WorkTeamChoiceField(queryset=WorkTeam.objects.none(), empty_label=None,
+                                    help_text="Its members answer this flow's items in their inbox.")
     name = forms.CharField(max_length=200, help_text="Unique in the project; the API and loop names use it.")
     title = forms.CharField(max_length=300, help_text="What reviewers see at the top of each item.")
     task_type = forms.ChoiceField(choices=[(TaskType.CLASSIFICATION, "Classification: pick a label"),
@@ -62,8 +71,9 @@ class FlowForm(forms.Form):
 
     def __init__(self, *args, teams, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["work_team"].queryset = teams
-        self.fields["work_team"].label_from_instance = lambda team: f"{team.name} ({team.project.slug})"
+        work_team = self.fields["work_team"]
+        assert isinstance(work_team, WorkTeamChoiceField)
+        work_team.queryset = teams
 
     def api_data(self) -> dict:
         """The cleaned fields in the shape POST /api/v1/flow-definitions/ takes."""
