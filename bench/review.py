@@ -100,11 +100,11 @@ def make_reviewers(n: int):
 
 
 def make_flow(name: str, task_count: int, reviewers_n: int):
-    from review import actions
+    from review.actions.teams import create_flow_definition, create_work_team
 
     project, owner, users = make_reviewers(reviewers_n)
-    team = actions.create_work_team(project=project, name=f"team-{name}", members=users, user=owner)
-    flow = actions.create_flow_definition(project=project, user=owner, data={
+    team = create_work_team(project=project, name=f"team-{name}", members=users, user=owner)
+    flow = create_flow_definition(project=project, user=owner, data={
         "name": name, "work_team": team, "task_type": "classification", "labels": LABELS, "title": name,
         "instructions": "", "task_count": task_count, "task_availability_seconds": 24 * 3600,
         "task_time_limit_seconds": 600, "activation": {"confidence_below": None, "sample_percent": 100.0,
@@ -114,7 +114,7 @@ def make_flow(name: str, task_count: int, reviewers_n: int):
 
 
 def fill_backlog(flow, n: int, chunk: int = 5000) -> None:
-    from review import actions
+    from review.actions.loops import start_loops_for_predictions
 
     rng = random.Random(7)
     done = 0
@@ -122,7 +122,7 @@ def fill_backlog(flow, n: int, chunk: int = 5000) -> None:
         size = min(chunk, n - done)
         items = [({"row": {"f1": rng.random(), "f2": rng.random()}},
                   {"label": "cat", "confidence": rng.random(), "probabilities": {}}) for _ in range(size)]
-        actions.start_loops_for_predictions(flow, items, source={"bench": True}, rng=rng)
+        start_loops_for_predictions(flow, items, source={"bench": True}, rng=rng)
         done += size
     settle()
 
@@ -145,22 +145,24 @@ def reviewer_process(user_id: int, flow_id: int, seconds: float, pace: float, re
     from django.contrib.auth import get_user_model
     from django.db import connections
 
-    from review import actions
+    from review.actions.answers import answer_slot
+    from review.actions.claims import claim_next_slot
     from review.models import FlowDefinition
+    from review.output import write_output_soon
 
     user = get_user_model().objects.get(pk=user_id)
     flow = FlowDefinition.objects.get(pk=flow_id)
     # Warm up as a long-lived web worker is: its connection open, every code path of a
     # claim+answer run once (the first run pays imports and query compiles).
-    warm = actions.claim_next_slot(user, flow)
+    warm = claim_next_slot(user, flow)
     if warm is not None:
-        actions.answer_slot(warm.pk, user, {"label": "cat"})
+        answer_slot(warm.pk, user, {"label": "cat"})
     # A long-lived web worker has published to the broker before; a fresh process pays
     # 50-400 ms (connection, queue declaration) on the first answer that completes a loop
     # and enqueues its output write, which would otherwise be measured here as 32 one-off
     # outliers. One publish of the same task (for no loop: a worker would skip it; nothing
     # consumes the bench's queue) warms that path.
-    actions._write_output_soon(0)
+    write_output_soon(0)
     # Everyone starts together once every reviewer is warm: a straggler still connecting
     # would otherwise be measured as the others' latency.
     ready.put(user_id)
@@ -183,11 +185,11 @@ def reviewer_process(user_id: int, flow_id: int, seconds: float, pace: float, re
                 time.sleep(delay)
             next_at += pace
         began = clock()
-        held = actions.claim_next_slot(user, flow)
+        held = claim_next_slot(user, flow)
         claimed = clock()
         if held is None:
             break
-        actions.answer_slot(held.pk, user, {"label": "cat"})  # everyone agrees: no tie asks for a third
+        answer_slot(held.pk, user, {"label": "cat"})  # everyone agrees: no tie asks for a third
         latencies.append(clock() - began)
         claims.append(claimed - began)
     connections.close_all()
@@ -384,17 +386,17 @@ def bench_http(seconds: float, backlog: int, pace: float) -> None:
 
 # --- 2. claim latency over a deep backlog ------------------------------------------------------
 def claim_release_latencies(flow, users, rounds: int) -> list[float]:
-    from review import actions
+    from review.actions.claims import claim_next_slot, release_slot
 
     latencies = []
     clock = time.perf_counter
     for index in range(rounds):
         user = users[index % len(users)]
         began = clock()
-        held = actions.claim_next_slot(user, flow)
+        held = claim_next_slot(user, flow)
         latencies.append(clock() - began)
         assert held is not None, "the backlog ran dry"
-        actions.release_slot(held.pk, user)
+        release_slot(held.pk, user)
     return latencies
 
 
@@ -404,7 +406,7 @@ def candidate_plan(flow, user) -> list[str]:
     from django.db import connection, transaction
     from django.utils import timezone
 
-    from review.actions import claim_statement
+    from review.actions.claims import claim_statement
 
     sql, params = claim_statement(user, flow.pk, flow.order, flow.task_time_limit_seconds, timezone.now())
     with transaction.atomic():

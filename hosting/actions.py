@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from datasets.models import DatasetVersion
 from datasets.storage import StorageError, store_for
+from hosting.flows import flow_model
 from hosting.models import BatchPrediction, BatchStatus, Endpoint, Model, ModelKind, ModelVersion
 from jobs.models import JobStatus, TrainingJob
 from studio.models import Project
@@ -187,13 +188,12 @@ def resolve_model_version(project: Project, model: Any, version: Any = None, *, 
 
 # --- endpoints ----------------------------------------------------------------------------------
 def _flow_in_project(project: Project, flow: Any, version: ModelVersion):
-    from review.models import FlowDefinition
-
     if flow in (None, ""):
         return None
-    if not isinstance(flow, FlowDefinition):
+    flows = flow_model()
+    if not isinstance(flow, flows):
         try:
-            flow = FlowDefinition.objects.filter(pk=int(flow), project=project).first()
+            flow = flows._default_manager.filter(pk=int(flow), project=project).first()
         except (TypeError, ValueError):
             raise HostingError("flow_definition", "Give the id of a flow definition.") from None
     if flow is None or flow.project_id != project.pk:

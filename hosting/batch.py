@@ -28,6 +28,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from datasets.storage import StorageError, object_uri, store_for
+from hosting.flows import send_predictions
 from hosting.models import BatchPrediction, BatchStatus, ModelKind, ModelVersion
 from hosting.serving import InvalidInstances, parse_instances, predictor_for
 
@@ -185,10 +186,8 @@ def _after_chunk(batch: BatchPrediction, version: ModelVersion, start: int, cont
     with transaction.atomic():
         started: list[str] = []
         if batch.flow_definition is not None and skip < len(contents):
-            from review.actions import start_loops_for_predictions
-
-            started = start_loops_for_predictions(
-                batch.flow_definition, list(zip(contents[skip:], predictions[skip:], strict=True)),
+            started = send_predictions(
+                BatchPrediction, batch.flow_definition, list(zip(contents[skip:], predictions[skip:], strict=True)),
                 source={"batch": batch.pk}, model_version=version, first_record=start + skip)
         fields: dict[str, Any] = {"heartbeat_at": timezone.now(), "human_loops_started": F("human_loops_started") + len(started)}
         if done > resume_from:

@@ -12,11 +12,13 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from functools import cache
 from typing import Any
 
 from django.db import connection
 from django.db.models import F
 
+from hosting.flows import flow_model, send_predictions
 from hosting.models import Endpoint, ModelKind, ModelVersion
 from hosting.serving import InvalidInstances, parse_instances, predictor_for
 from studio.models import READ_ROLES, aware_datetime, json_column
@@ -36,17 +38,22 @@ SELECT e.id, e.name, e.project_id, e.flow_definition_id,
        v.id, v.model_id, v.version, v.artifact_uri, v.algorithm, v.kind, v.labels, v.input_schema, v.created_at,
        f.name, f.project_id, f.activation, f.task_count, f.task_availability_seconds
 FROM hosting_endpoint e JOIN hosting_modelversion v ON v.id = e.model_version_id
-LEFT JOIN review_flowdefinition f ON f.id = e.flow_definition_id
+LEFT JOIN {flows} f ON f.id = e.flow_definition_id
 WHERE e.name = %s AND (%s OR EXISTS (
     SELECT 1 FROM studio_membership m WHERE m.project_id = e.project_id AND m.user_id = %s AND m.role IN ({roles})))
 """
 _ROLES = sorted(str(role) for role in READ_ROLES)
 
 
+@cache
+def _endpoint_sql() -> str:
+    return _ENDPOINT_SQL.format(flows=flow_model()._meta.db_table, roles=", ".join(["%s"] * len(_ROLES)))
+
+
 def endpoint_for_invocation(user, name: str) -> Endpoint | None:
     """The endpoint (with its model_version and flow_definition set) if the user may invoke
     it — a reader of its project — else None (a 404: outsiders learn nothing)."""
-    sql = _ENDPOINT_SQL.format(roles=", ".join(["%s"] * len(_ROLES)))
+    sql = _endpoint_sql()
     with connection.cursor() as cursor:
         cursor.execute(sql, [name, bool(user.is_superuser), user.pk, *_ROLES])
         row = cursor.fetchone()
@@ -60,12 +67,10 @@ def endpoint_for_invocation(user, name: str) -> Endpoint | None:
     endpoint.model_version = version
     endpoint.flow_definition = None  # (assigning the relation sets flow_definition_id too)
     if row[3] is not None:
-        from review.models import FlowDefinition
-
-        # Only what review.actions.start_loops_for_predictions reads.
-        endpoint.flow_definition = FlowDefinition(id=row[3], name=row[13], project_id=row[14],
-                                                  activation=json_column(row[15]), task_count=row[16],
-                                                  task_availability_seconds=row[17])
+        # Only what the receivers of predictions_made read (hosting.flows).
+        endpoint.flow_definition = flow_model()(id=row[3], name=row[13], project_id=row[14],
+                                                activation=json_column(row[15]), task_count=row[16],
+                                                task_availability_seconds=row[17])
     return endpoint
 
 
@@ -80,11 +85,9 @@ def invoke(endpoint: Endpoint, instances: Any) -> dict[str, Any]:
         raise InvalidInstances(f"instances: {exc}") from None
     loops: list[str] = []
     if endpoint.flow_definition is not None and version.kind != ModelKind.GENERATIVE:
-        from review.actions import start_loops_for_predictions
-
-        loops = start_loops_for_predictions(endpoint.flow_definition, list(zip(contents, predictions, strict=True)),
-                                            source={"endpoint": endpoint.name, "model_version": version.pk},
-                                            model_version=version)
+        loops = send_predictions(Endpoint, endpoint.flow_definition, list(zip(contents, predictions, strict=True)),
+                                 source={"endpoint": endpoint.name, "model_version": version.pk},
+                                 model_version=version)
     count_invocation(endpoint.pk)
     return {"predictions": predictions, "human_loops": loops, "model_version": version.version,
             "warnings": unknown_categories(version, records)}

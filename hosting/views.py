@@ -20,6 +20,7 @@ from django.views.decorators.http import require_http_methods
 from hosting import actions
 from hosting.access import get_endpoint_for_user, get_model_for_user
 from hosting.actions import HostingError
+from hosting.flows import flows_of_project
 from hosting.invocation import flush_invocation_counts
 from hosting.models import BatchPrediction, Endpoint, Model, ModelKind, ModelVersion
 from jobs.models import JobStatus, TrainingJob
@@ -126,15 +127,13 @@ def _model_context(request: HttpRequest, model: Model) -> dict[str, Any]:
     versions = list(model.versions.select_related("job", "created_by").order_by("-version"))
     _name_inputs(model, versions)
     endpoints = list(Endpoint.objects.filter(model_version__model=model).select_related("model_version", "flow_definition"))
-    from review.models import FlowDefinition
-
     can_write = can_write_in(request, model.project_id)
     formats = actions.BATCH_FORMATS.get(versions[0].kind, ()) if versions else ()
     return {
         "model": model, "versions": versions, "endpoints": endpoints, "can_write": can_write,
         "dataset_versions": [v for v in ready_versions([model.project]) if v["format"] in formats] if can_write else [],
         "batch_formats": formats,
-        "flows": list(FlowDefinition.objects.filter(project=model.project).order_by("name")) if can_write else [],
+        "flows": list(flows_of_project(model.project_id)) if can_write else [],
         "batches": list(BatchPrediction.objects.filter(model_version__model=model)
                         .select_related("model_version", "dataset_version__dataset")[:BATCH_ROWS]),
     }
@@ -206,8 +205,6 @@ def example_instances(version: ModelVersion) -> list[Any]:
 
 
 def _endpoint_context(request: HttpRequest, endpoint: Endpoint) -> dict[str, Any]:
-    from review.models import FlowDefinition
-
     version = endpoint.model_version
     if version.model.project_id != endpoint.project_id:  # cannot happen through the actions
         raise Http404("Not found.")
@@ -219,7 +216,7 @@ def _endpoint_context(request: HttpRequest, endpoint: Endpoint) -> dict[str, Any
         "versions": list(version.model.versions.order_by("-version").only("id", "version", "created_at", "metrics",
                                                                            "job_id", "model_id")),
         "can_write": can_write,
-        "flows": list(FlowDefinition.objects.filter(project=endpoint.project).order_by("name")) if can_write else [],
+        "flows": list(flows_of_project(endpoint.project_id)) if can_write else [],
     }
 
 

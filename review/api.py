@@ -15,14 +15,18 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from review import actions
 from review.access import (
     flows_visible_to,
     get_flow_for_user,
     get_loop_for_user,
     get_work_team_for_user,
 )
-from review.actions import ReviewError
+from review.actions.answers import answer_slot
+from review.actions.claims import claim_in_flows, release_slot, reviewable_flows
+from review.actions.loops import start_human_loop, stop_loop
+from review.actions.teams import create_flow_definition, create_work_team
+from review.errors import ReviewError
+from review.export import export_flow, preview_export, retrain_from_export
 from review.models import Assignment, AssignmentStatus, FlowDefinition, HumanLoop, LoopStatus, WorkTeam
 from review.serializers import (
     AnswerSerializer,
@@ -77,7 +81,7 @@ class WorkTeamListView(PaginatedAPIView):
             raise ApiError(f"members: Not members of project '{project.slug}': {', '.join(unknown)}.",
                            fields={"members": [f"Not members of project '{project.slug}': {', '.join(unknown)}."]})
         try:
-            team = actions.create_work_team(project=project, name=data["name"], members=users, user=request.user,
+            team = create_work_team(project=project, name=data["name"], members=users, user=request.user,
                                             description=data["description"])
         except ReviewError as exc:
             raise api_error(exc) from exc
@@ -129,7 +133,7 @@ class FlowDefinitionListView(PaginatedAPIView):
         project = project_for_write(request.user, team.project.slug)
         data["work_team"] = team
         try:
-            flow = actions.create_flow_definition(project=project, user=request.user, data=data)
+            flow = create_flow_definition(project=project, user=request.user, data=data)
         except ReviewError as exc:
             raise api_error(exc) from exc
         return Response(flow_json(flow), status=status.HTTP_201_CREATED)
@@ -161,7 +165,7 @@ class FlowDefinitionExportView(APIView):
         serializer = ExportSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         try:
-            version = actions.export_flow(flow, request.user, serializer.validated_data["dataset"],
+            version = export_flow(flow, request.user, serializer.validated_data["dataset"],
                                           serializer.validated_data.get("mode"))
         except ReviewError as exc:
             raise api_error(exc) from exc
@@ -183,7 +187,7 @@ class FlowDefinitionExportPreviewView(APIView):
         serializer = ExportSerializer(data={k: v for k, v in request.query_params.items() if k in ("mode", "dataset")})
         serializer.is_valid(raise_exception=True)
         try:
-            body = actions.preview_export(flow, serializer.validated_data.get("mode"),
+            body = preview_export(flow, serializer.validated_data.get("mode"),
                                           serializer.validated_data["dataset"])
         except ReviewError as exc:
             raise api_error(exc) from exc
@@ -199,7 +203,7 @@ class RetrainView(APIView):
 
         version = get_version_for_user(request.user, pk, write=True)
         try:
-            job = actions.retrain_from_export(version, request.user)
+            job = retrain_from_export(version, request.user)
         except ReviewError as exc:
             raise api_error(exc) from exc
         return Response(JobSerializer(job_detail_queryset().get(pk=job.pk)).data, status=status.HTTP_201_CREATED)
@@ -244,7 +248,7 @@ class HumanLoopListView(PaginatedAPIView):
                            fields={"flow_definition": ["No such flow definition."]})
         check_role(request.user, flow.project, write=True)
         try:
-            loop = actions.start_human_loop(name=data["name"], flow=flow, input_content=data["input_content"],
+            loop = start_human_loop(name=data["name"], flow=flow, input_content=data["input_content"],
                                             user=request.user, prediction=data["prediction"])
         except ReviewError as exc:
             raise api_error(exc) from exc
@@ -268,7 +272,7 @@ class HumanLoopStopView(APIView):
     def post(self, request: Request, name: str) -> Response:
         loop = get_loop_for_user(request.user, name, write=True)
         try:
-            actions.stop_loop(loop, request.user)
+            stop_loop(loop, request.user)
         except ReviewError as exc:
             raise api_error(exc) from exc
         return Response(loop_detail(loop_queryset().get(pk=loop.pk)))
@@ -322,15 +326,15 @@ def _claim_flow_id(data: dict) -> int | None:
 class ClaimView(APIView):
     """Lean on purpose (every reviewer's hot path): no serializer; the user's flows read
     with one plain statement, and on PostgreSQL the claim is one statement that returns
-    what the reviewer is shown (review.actions.claim_in_flows)."""
+    what the reviewer is shown (review.actions.claims.claim_in_flows)."""
 
     @extend_schema(request=ClaimSerializer, responses={200: OpenApiTypes.OBJECT, 204: None})
     def post(self, request: Request) -> Response:
         flow_id = _claim_flow_id(_body_object(request))
-        flows = actions.reviewable_flows(request.user, flow_id)
+        flows = reviewable_flows(request.user, flow_id)
         if flow_id is not None and not flows:
             raise Http404("No such flow definition.")
-        assignment = actions.claim_in_flows(request.user, flows)
+        assignment = claim_in_flows(request.user, flows)
         if assignment is None:
             return Response(status=status.HTTP_204_NO_CONTENT)
         return Response(claim_json(assignment))
@@ -343,7 +347,7 @@ class AnswerView(APIView):
         if "answer" not in data:
             raise ApiError("answer: This field is required.", fields={"answer": ["This field is required."]})
         try:
-            assignment = actions.answer_slot(pk, request.user, data["answer"])
+            assignment = answer_slot(pk, request.user, data["answer"])
         except ReviewError as exc:
             raise api_error(exc) from exc
         return Response({"assignment": assignment.pk, "status": assignment.status,
@@ -354,7 +358,7 @@ class ReleaseView(APIView):
     @extend_schema(request=None, responses={200: OpenApiTypes.OBJECT})
     def post(self, request: Request, pk: int) -> Response:
         try:
-            assignment = actions.release_slot(pk, request.user)
+            assignment = release_slot(pk, request.user)
         except ReviewError as exc:
             raise api_error(exc) from exc
         return Response({"assignment": assignment.pk, "status": assignment.status,

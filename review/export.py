@@ -29,9 +29,10 @@ from django.db import transaction
 
 from datasets.actions import DatasetError, VersionOptions, register_local_files
 from datasets.models import DatasetVersion, SourceKind, VersionStatus
-from review.actions import ReviewError
+from review.consolidation import NO_CONSENSUS
+from review.errors import ReviewError
 from review.merge import Columns, Merged, MergeImpossible, Reviewed, merge, summary_text, version_label
-from review.models import NO_CONSENSUS, FlowDefinition, HumanLoop, LoopStatus, TaskType
+from review.models import FlowDefinition, HumanLoop, LoopStatus, TaskType
 
 if TYPE_CHECKING:
     from hosting.models import ModelVersion

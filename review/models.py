@@ -17,11 +17,12 @@ already answered or hold" a database invariant, not a hope.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import ClassVar
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from studio.models import Project
@@ -57,9 +58,6 @@ class AssignmentStatus(models.TextChoices):
 
 # A reviewer's assignment that blocks them from being offered the loop again.
 LIVE_ASSIGNMENT_STATUSES = (AssignmentStatus.HELD, AssignmentStatus.ANSWERED, AssignmentStatus.RELEASED)
-
-MAX_ESCALATIONS = 2  # a tie asks one more reviewer, at most two more
-NO_CONSENSUS = "no consensus"
 
 
 class WorkTeamQuerySet(models.QuerySet["WorkTeam"]):
@@ -127,8 +125,29 @@ class HumanLoopQuerySet(models.QuerySet["HumanLoop"]):
     def in_progress(self) -> HumanLoopQuerySet:
         return self.filter(status=LoopStatus.IN_PROGRESS)
 
-    def claimable(self) -> HumanLoopQuerySet:
-        return self.filter(status=LoopStatus.IN_PROGRESS, open_slots__gt=0)
+    def claimable_by(self, user, now: datetime) -> HumanLoopQuerySet:
+        """Loops with an open slot, still available at `now`, that the user holds, answered
+        or skipped nothing of: what a claim may give them (SQLite's claim path) and what the
+        inbox counts as available. PostgreSQL's claim says the same in review.sql."""
+        mine = Assignment.objects.filter(loop=OuterRef("pk"), worker=user).live()
+        return (self.filter(status=LoopStatus.IN_PROGRESS, open_slots__gt=0, expires_at__gt=now)
+                .filter(~Exists(mine)))
+
+    def in_claim_order(self, order: str) -> HumanLoopQuerySet:
+        """The flow's order (least confident first, unknown confidence last; or oldest),
+        as the partial indexes loop_claim_oldest / loop_claim_least_confident hold them."""
+        if order == LoopOrder.LEAST_CONFIDENT:
+            return self.order_by(F("confidence").asc(nulls_last=True), "id")
+        return self.order_by("created_at", "id")
+
+    def past_availability(self, now: datetime) -> HumanLoopQuerySet:
+        """InProgress loops whose task_availability_seconds ran out, oldest first."""
+        return self.filter(status=LoopStatus.IN_PROGRESS, expires_at__lte=now).order_by("expires_at")
+
+    def output_missing(self, completed_before: datetime) -> HumanLoopQuerySet:
+        """Completed loops whose output JSON is not written yet, oldest first."""
+        return (self.filter(status=LoopStatus.COMPLETED, output_uri="", completed_at__lte=completed_before)
+                .order_by("completed_at"))
 
 
 class HumanLoop(models.Model):
@@ -157,7 +176,7 @@ class HumanLoop(models.Model):
     holds_count = models.PositiveIntegerField(default=0)
     open_slots = models.PositiveIntegerField()
     escalations = models.PositiveIntegerField(default=0)
-    consolidated_label = models.CharField(max_length=300, blank=True)  # a label, or NO_CONSENSUS
+    consolidated_label = models.CharField(max_length=300, blank=True)  # a label, or consolidation.NO_CONSENSUS
     agreement = models.FloatField(null=True, blank=True)  # share of answers that gave the consolidated label
     output_uri = models.CharField(max_length=1024, blank=True)  # the A2I-shaped output JSON, once written
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
@@ -172,12 +191,12 @@ class HumanLoop(models.Model):
         indexes = [
             # claim_next_slot, order "oldest": the first open loop of the reviewer's flows.
             models.Index(fields=["flow_definition", "created_at", "id"], name="loop_claim_oldest",
-                         condition=Q(status="InProgress", open_slots__gt=0)),
+                         condition=Q(status=LoopStatus.IN_PROGRESS, open_slots__gt=0)),
             # claim_next_slot, order "least_confident".
             models.Index(fields=["flow_definition", "confidence", "id"], name="loop_claim_least_confident",
-                         condition=Q(status="InProgress", open_slots__gt=0)),
+                         condition=Q(status=LoopStatus.IN_PROGRESS, open_slots__gt=0)),
             # expire_loops: InProgress loops past their availability.
-            models.Index(fields=["expires_at"], name="loop_expiry", condition=Q(status="InProgress")),
+            models.Index(fields=["expires_at"], name="loop_expiry", condition=Q(status=LoopStatus.IN_PROGRESS)),
             # lists and stats per flow and status.
             models.Index(fields=["flow_definition", "status", "-created_at"], name="loop_flow_status"),
         ]
@@ -190,6 +209,18 @@ class HumanLoop(models.Model):
 
     def needs_answers(self) -> bool:
         return self.status == LoopStatus.IN_PROGRESS and self.answers_count < self.answers_needed
+
+
+class AssignmentQuerySet(models.QuerySet["Assignment"]):
+    def live(self) -> AssignmentQuerySet:
+        """Held, answered or released: a reviewer with one is not offered the loop again."""
+        return self.filter(status__in=LIVE_ASSIGNMENT_STATUSES)
+
+    def answered(self) -> AssignmentQuerySet:
+        return self.filter(status=AssignmentStatus.ANSWERED)
+
+    def held(self) -> AssignmentQuerySet:
+        return self.filter(status=AssignmentStatus.HELD)
 
 
 class Assignment(models.Model):
@@ -205,15 +236,17 @@ class Assignment(models.Model):
     answer = models.JSONField(null=True, blank=True)  # {"label": ...} or {"text": ...}
     time_spent_seconds = models.FloatField(null=True, blank=True)
 
+    objects: ClassVar[AssignmentQuerySet] = AssignmentQuerySet.as_manager()  # type: ignore[assignment]
+
     class Meta:
         ordering = ["claimed_at", "id"]
         constraints = [
             models.UniqueConstraint(fields=["loop", "worker"], name="one_live_assignment_per_reviewer",
-                                    condition=Q(status__in=["held", "answered", "released"])),
+                                    condition=Q(status__in=list(LIVE_ASSIGNMENT_STATUSES))),
         ]
         indexes = [
             # expire_leases: held assignments past their lease.
-            models.Index(fields=["lease_expires_at"], name="assignment_lease", condition=Q(status="held")),
+            models.Index(fields=["lease_expires_at"], name="assignment_lease", condition=Q(status=AssignmentStatus.HELD)),
             # stats: answers per reviewer over time.
             models.Index(fields=["worker", "answered_at"], name="assignment_worker_answered"),
         ]

@@ -1,6 +1,6 @@
 """Review request validation at the edge (shapes, ranges) and response JSON. Checks that
 need the database (the team's project and size, members' membership) are in
-review.actions."""
+review.actions.teams."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from urllib.parse import quote
 from rest_framework import serializers
 
 from review.activation import check_activation
-from review.models import NO_CONSENSUS, Assignment, FlowDefinition, HumanLoop, LoopOrder, TaskType, WorkTeam
+from review.consolidation import NO_CONSENSUS
+from review.models import Assignment, FlowDefinition, HumanLoop, LoopOrder, TaskType, WorkTeam
 from studio.validators import clean_name
 
 MAX_LABELS = 100

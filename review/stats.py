@@ -19,7 +19,8 @@ from django.db.models.fields.json import KT
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
-from review.models import NO_CONSENSUS, Assignment, AssignmentStatus, FlowDefinition, HumanLoop, LoopStatus, TaskType
+from review.consolidation import NO_CONSENSUS
+from review.models import Assignment, AssignmentStatus, FlowDefinition, HumanLoop, LoopStatus, TaskType
 
 HOURS_SHOWN = 24
 

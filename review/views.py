@@ -16,7 +16,7 @@ from datetime import datetime
 from django.contrib import messages
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, Exists, OuterRef, Q, Sum
+from django.db.models import Count, Q, Sum
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -25,15 +25,14 @@ from django.views.decorators.http import require_POST
 
 from datasets.models import DatasetVersion, SourceKind
 from jobs.views import can_write_in, duration_text
-from review import actions
-from review.actions import ReviewError
+from review.actions.teams import create_flow_definition, create_work_team
 from review.api_stats import get_flow_for_reader
-from review.export import page_source, retrain_confirm_text, source_uri_of
+from review.consolidation import NO_CONSENSUS
+from review.errors import ReviewError
+from review.export import export_flow, page_source, preview_export, retrain_confirm_text, retrain_from_export, source_uri_of
 from review.forms import FLOW_FIELD_FOR, FlowForm, WorkTeamForm
 from review.markdown import render_instructions
 from review.models import (
-    LIVE_ASSIGNMENT_STATUSES,
-    NO_CONSENSUS,
     Assignment,
     AssignmentStatus,
     FlowDefinition,
@@ -73,10 +72,8 @@ def inbox_flows(user, now: datetime | None = None) -> list[InboxFlow]:
     ids = [flow.pk for flow in flows]
     if not ids:
         return []
-    mine = Assignment.objects.filter(loop=OuterRef("pk"), worker=user, status__in=LIVE_ASSIGNMENT_STATUSES)
     available = dict(
-        HumanLoop.objects.filter(flow_definition_id__in=ids, status=LoopStatus.IN_PROGRESS, open_slots__gt=0,
-                                 expires_at__gt=now).filter(~Exists(mine))
+        HumanLoop.objects.filter(flow_definition_id__in=ids).claimable_by(user, now)
         .values("flow_definition_id").annotate(n=Count("id")).values_list("flow_definition_id", "n"))
     by_status = (Assignment.objects.filter(worker=user, loop__flow_definition_id__in=ids)
                  .values("loop__flow_definition_id")
@@ -320,14 +317,14 @@ def flow_export(request: HttpRequest, pk: int) -> HttpResponse:
         # The page's script asks first (a dialog with the preview's sentence) and marks the post
         # confirmed; a post without it (a click before the script ran) gets the same question here.
         try:
-            preview = actions.preview_export(flow, mode, name)
+            preview = preview_export(flow, mode, name)
         except ReviewError as exc:
             messages.error(request, f"Export failed: {exc.message}")
             return redirect("review-flow", pk=flow.pk)
         return render(request, "review/export_confirm.html",
                       {"flow": flow, "project": flow.project, "preview": preview, "mode": mode or "", "dataset": name or ""})
     try:
-        version = actions.export_flow(flow, request.user, name, mode)
+        version = export_flow(flow, request.user, name, mode)
     except ReviewError as exc:
         messages.error(request, f"Export failed: {exc.message}")
         return redirect("review-flow", pk=flow.pk)
@@ -353,7 +350,7 @@ def flow_retrain(request: HttpRequest, pk: int, version_pk: int) -> HttpResponse
     if version is None:
         raise Http404("No such export of this flow.")
     try:
-        job = actions.retrain_from_export(version, request.user)
+        job = retrain_from_export(version, request.user)
     except ReviewError as exc:
         messages.error(request, f"Retrain failed: {exc.message}")
         return redirect(reverse("review-flow", args=[flow.pk]) + "#exports")
@@ -392,7 +389,7 @@ def team_create(request: HttpRequest) -> HttpResponse:
             form.add_error("members", f"No user named {', '.join(missing)}.")
         else:
             try:
-                team = actions.create_work_team(project=project, name=form.cleaned_data["name"], members=list(found.values()),
+                team = create_work_team(project=project, name=form.cleaned_data["name"], members=list(found.values()),
                                                  user=request.user, description=form.cleaned_data["description"])
             except ReviewError as exc:
                 form.add_error(exc.field if exc.field in form.fields else None, exc.message)
@@ -422,7 +419,7 @@ def flow_create(request: HttpRequest) -> HttpResponse:
         else:
             team = form.cleaned_data["work_team"]
             try:
-                flow = actions.create_flow_definition(project=team.project, user=request.user,
+                flow = create_flow_definition(project=team.project, user=request.user,
                                                       data={**serializer.validated_data, "work_team": team})
             except ReviewError as exc:
                 _serializer_errors(form, {exc.field: [exc.message]}, FLOW_FIELD_FOR)

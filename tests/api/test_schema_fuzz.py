@@ -33,7 +33,9 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hosting import actions as hosting_actions
 from hosting.models import BatchPrediction, BatchStatus
 from jobs.models import JobEvent, MetricPoint, Node
-from review import actions as review_actions
+from review.actions.claims import claim_next_slot
+from review.actions.loops import start_human_loop
+from review.actions.teams import create_flow_definition, create_work_team
 from studio import actions as studio_actions
 from studio.models import Role
 from tests.hosting.conftest import demo_job, demo_model_artifact, demo_version, fresh_predictors, model_cache_dir  # noqa: F401
@@ -73,15 +75,15 @@ def seeded(project, owner, demo_job, demo_version) -> Seeded:  # noqa: F811 - fi
     JobEvent.objects.create(job=demo_job, status=demo_job.status, message="Completed")
     version = hosting_actions.register_model(project=project, name="demo", job=demo_job, user=owner)
     endpoint = hosting_actions.create_endpoint(project=project, name="demo-ep", model_version=version, user=owner)
-    team = review_actions.create_work_team(project=project, name="labellers", members=[owner, reviewer], user=owner)
-    flow = review_actions.create_flow_definition(project=project, user=owner, data={
+    team = create_work_team(project=project, name="labellers", members=[owner, reviewer], user=owner)
+    flow = create_flow_definition(project=project, user=owner, data={
         "name": "check", "task_type": "classification", "labels": ["a", "b"], "title": "Which?", "instructions": "",
         "task_count": 1, "task_availability_seconds": 3600, "task_time_limit_seconds": 60, "work_team": team,
         "activation": {"confidence_below": 0.8, "sample_percent": 0.0, "combine": "any"}, "order": "oldest",
         "show_prediction": True})
-    loop = review_actions.start_human_loop(name="loop-1", flow=flow, input_content={"text": "hello"}, user=owner)
-    review_actions.start_human_loop(name="loop-2", flow=flow, input_content={"text": "world"}, user=owner)
-    assignment = review_actions.claim_next_slot(owner, flow)
+    loop = start_human_loop(name="loop-1", flow=flow, input_content={"text": "hello"}, user=owner)
+    start_human_loop(name="loop-2", flow=flow, input_content={"text": "world"}, user=owner)
+    assignment = claim_next_slot(owner, flow)
     assert assignment is not None
     tuning = TuningJob.objects.create(
         project=project, name="search", status=TuningStatus.COMPLETED, strategy="random",

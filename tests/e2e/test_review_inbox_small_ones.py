@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from review import actions
+from review.actions.answers import answer_slot
+from review.actions.claims import claim_next_slot
 from tests.e2e import test_review_inbox as inbox_pages
 from tests.review.conftest import make_flow, make_loops, reviewers, team  # noqa: F401 - fixtures
 
@@ -52,9 +53,9 @@ def test_item_n_of_n_fresh_counts_and_the_start_key(live_server, reviewer, teamm
 
     # A teammate answers an item meanwhile: the next count the page reads says so.
     other = reviewers(1)[0]  # reviewer-1, on the flow's team
-    taken = actions.claim_next_slot(other, flow)
+    taken = claim_next_slot(other, flow)
     assert taken is not None and taken.loop.input_content == {"text": "a howling wolf"}
-    actions.answer_slot(taken.pk, other, {"label": "cat"})
+    answer_slot(taken.pk, other, {"label": "cat"})
     page.keyboard.press("s")  # skip
     wait_for_item(page, "a singing bird")
     wait_for_position(page, "Item 3 of 3")

@@ -15,7 +15,8 @@ from collections.abc import Callable
 import pytest
 from django.utils import timezone
 
-from review import actions
+from review.actions.loops import start_loops_for_predictions
+from review.actions.teams import create_flow_definition, create_work_team
 from review.models import FlowDefinition, HumanLoop, WorkTeam
 from studio import actions as studio_actions
 from studio.models import Role
@@ -49,7 +50,7 @@ def team(project) -> Callable[..., WorkTeam]:
 
     def make(owner, *members, name: str | None = None, target_project=None) -> WorkTeam:
         counter["n"] += 1
-        return actions.create_work_team(project=target_project or project,
+        return create_work_team(project=target_project or project,
                                         name=name or f"team-{counter['n']}", members=list(members), user=owner)
 
     return make
@@ -81,7 +82,7 @@ def make_flow(project, owner, reviewer, reviewers, team) -> Callable[..., FlowDe
             data["work_team"] = team(owner, reviewer, *reviewers(2))
         if data["task_type"] == "free_text" and "labels" not in overrides:
             data["labels"] = []
-        return actions.create_flow_definition(project=data["work_team"].project, user=owner, data=data)
+        return create_flow_definition(project=data["work_team"].project, user=owner, data=data)
 
     return make
 
@@ -104,7 +105,7 @@ def make_loops() -> Callable[..., list[HumanLoop]]:
         activation = flow.activation
         flow.activation = {"confidence_below": None, "sample_percent": 100.0, "combine": "any"}
         try:
-            names = actions.start_loops_for_predictions(flow, items, source={"test": True}, rng=random.Random(0))
+            names = start_loops_for_predictions(flow, items, source={"test": True}, rng=random.Random(0))
         finally:
             flow.activation = activation
         by_name = {loop.name: loop for loop in HumanLoop.objects.filter(name__in=names)}

@@ -7,8 +7,9 @@ import random
 
 import pytest
 
-from review import actions
+from review.actions.loops import start_human_loop, start_loops_for_predictions
 from review.activation import activation_reason, check_activation
+from review.errors import LoopNameTaken, ReviewError
 from review.models import HumanLoop, LoopStatus
 
 SAMPLE_PERCENT = 10.0
@@ -28,7 +29,7 @@ def predictions(n: int, seed: int = 7) -> list[tuple[dict, dict]]:
 def test_loops_start_for_predictions_under_the_threshold_plus_the_sampled_share(make_flow):
     flow = make_flow(activation={"confidence_below": 0.8, "sample_percent": SAMPLE_PERCENT, "combine": "any"})
     items = predictions(2000)
-    names = actions.start_loops_for_predictions(flow, items, source={"endpoint": "demo"}, rng=random.Random(42))
+    names = start_loops_for_predictions(flow, items, source={"endpoint": "demo"}, rng=random.Random(42))
     loops = list(HumanLoop.objects.filter(flow_definition=flow))
     assert sorted(names) == sorted(loop.name for loop in loops)
     assert all(name.startswith(f"{flow.name}-") for name in names)
@@ -54,7 +55,7 @@ def test_loops_start_for_predictions_under_the_threshold_plus_the_sampled_share(
 def test_starting_loops_for_a_call_is_one_insert(make_flow, django_assert_num_queries):
     flow = make_flow(activation={"confidence_below": 1.0, "sample_percent": 0, "combine": "any"})
     with django_assert_num_queries(1):
-        names = actions.start_loops_for_predictions(flow, predictions(20), source={"batch": 3}, rng=random.Random(1))
+        names = start_loops_for_predictions(flow, predictions(20), source={"batch": 3}, rng=random.Random(1))
     assert len(names) == 20
     records = sorted(loop.source["record"] for loop in HumanLoop.objects.filter(flow_definition=flow))
     assert records == list(range(20))
@@ -62,10 +63,10 @@ def test_starting_loops_for_a_call_is_one_insert(make_flow, django_assert_num_qu
 
 @pytest.mark.django_db
 def test_no_flow_or_nothing_selected_starts_nothing(make_flow, django_assert_num_queries):
-    assert actions.start_loops_for_predictions(None, predictions(5), source={}) == []
+    assert start_loops_for_predictions(None, predictions(5), source={}) == []
     flow = make_flow(activation={"confidence_below": 0.0, "sample_percent": 0, "combine": "any"})
     with django_assert_num_queries(0):
-        assert actions.start_loops_for_predictions(flow, predictions(5), source={}) == []
+        assert start_loops_for_predictions(flow, predictions(5), source={}) == []
 
 
 def test_combine_all_needs_both_conditions():
@@ -102,11 +103,11 @@ def test_bad_activations_name_their_field(activation, field):
 @pytest.mark.django_db
 def test_start_human_loop_by_name_once(make_flow, owner):
     flow = make_flow()
-    loop = actions.start_human_loop(name="manual-1", flow=flow, input_content={"text": "hello"}, user=owner)
+    loop = start_human_loop(name="manual-1", flow=flow, input_content={"text": "hello"}, user=owner)
     assert loop.activation_reason == "api" and loop.open_slots == flow.task_count
-    with pytest.raises(actions.LoopNameTaken) as info:
-        actions.start_human_loop(name="manual-1", flow=flow, input_content={"text": "again"}, user=owner)
+    with pytest.raises(LoopNameTaken) as info:
+        start_human_loop(name="manual-1", flow=flow, input_content={"text": "again"}, user=owner)
     assert info.value.status == 409
-    with pytest.raises(actions.ReviewError) as bad:
-        actions.start_human_loop(name="manual-2", flow=flow, input_content=["not", "an", "object"])
+    with pytest.raises(ReviewError) as bad:
+        start_human_loop(name="manual-2", flow=flow, input_content=["not", "an", "object"])
     assert bad.value.field == "input_content"

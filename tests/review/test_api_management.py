@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from review import actions
+from review.actions.teams import create_work_team
 from review.models import FlowDefinition, HumanLoop, LoopStatus, WorkTeam
 from studio import actions as studio_actions
 from studio.models import Role
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def labellers(project, owner, reviewer, reviewers):
-    return actions.create_work_team(project=project, name="labellers", members=[reviewer, *reviewers(2)], user=owner)
+    return create_work_team(project=project, name="labellers", members=[reviewer, *reviewers(2)], user=owner)
 
 
 def flow_body(team, **overrides) -> dict:
@@ -110,7 +110,7 @@ def test_bad_flow_definitions_are_400_naming_the_field(client_for, owner, labell
 
 def test_a_flow_cannot_use_another_projects_team(client_for, owner, other_project, outsider):
     studio_actions.set_membership(project=other_project, user=owner, role=Role.SCIENTIST)
-    theirs = actions.create_work_team(project=other_project, name="rivals", members=[outsider], user=outsider)
+    theirs = create_work_team(project=other_project, name="rivals", members=[outsider], user=outsider)
     response = client_for(owner).post("/api/v1/flow-definitions/", flow_body(theirs, project="acme", task_count=1),
                                       format="json")
     assert_field_error(response, 400, "work_team")

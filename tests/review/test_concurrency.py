@@ -10,7 +10,8 @@ from collections import Counter, defaultdict
 import pytest
 from django.db import connection, connections
 
-from review import actions
+from review.actions.answers import answer_slot
+from review.actions.claims import claim_next_slot
 from review.models import Assignment, AssignmentStatus, HumanLoop, LoopStatus
 
 REVIEWERS = 16
@@ -40,8 +41,8 @@ def test_16_concurrent_reviewers_answer_2000_loops_exactly_twice(make_flow, make
     def work(user) -> None:
         try:
             start.wait()
-            while (held := actions.claim_next_slot(user, flow)) is not None:
-                actions.answer_slot(held.pk, user, {"label": label_of[held.loop_id]})
+            while (held := claim_next_slot(user, flow)) is not None:
+                answer_slot(held.pk, user, {"label": label_of[held.loop_id]})
                 done_by[user.username] += 1
         except BaseException as exc:  # noqa: BLE001 (reported by the main thread)
             errors.append(exc)

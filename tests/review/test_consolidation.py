@@ -9,8 +9,11 @@ import pytest
 from django.utils import timezone
 
 from datasets.storage import object_uri
-from review import actions
-from review.models import MAX_ESCALATIONS, NO_CONSENSUS, Assignment, HumanLoop, LoopStatus
+from review.actions.answers import answer_slot
+from review.actions.claims import claim_next_slot
+from review.actions.expiry import expire_review_work
+from review.consolidation import MAX_ESCALATIONS, NO_CONSENSUS
+from review.models import Assignment, HumanLoop, LoopStatus
 from review.output import read_loop_output
 from review.tasks import write_output_task
 
@@ -20,9 +23,9 @@ pytestmark = pytest.mark.django_db
 def answer_in_turn(loop: HumanLoop, users, answers) -> HumanLoop:
     """Each user claims the loop's next slot and gives their answer."""
     for user, answer in zip(users, answers, strict=True):
-        held = actions.claim_next_slot(user, loop.flow_definition)
+        held = claim_next_slot(user, loop.flow_definition)
         assert held is not None and held.loop_id == loop.pk, f"{user} got no slot of {loop.name}"
-        actions.answer_slot(held.pk, user, answer)
+        answer_slot(held.pk, user, answer)
     return HumanLoop.objects.get(pk=loop.pk)
 
 
@@ -45,7 +48,7 @@ def test_a_tie_asks_one_more_reviewer_who_breaks_it(make_flow, make_loops, owner
     tied = answer_in_turn(loop, [one, two], labels("cat", "dog"))
     assert tied.status == LoopStatus.IN_PROGRESS
     assert (tied.answers_needed, tied.answers_count, tied.open_slots, tied.escalations) == (3, 2, 1, 1)
-    assert actions.claim_next_slot(one) is None  # the tie-breaker is someone new
+    assert claim_next_slot(one) is None  # the tie-breaker is someone new
     done = answer_in_turn(tied, [three], labels("dog"))
     assert (done.status, done.consolidated_label, done.escalations) == (LoopStatus.COMPLETED, "dog", 1)
     assert done.agreement == pytest.approx(2 / 3)
@@ -107,15 +110,15 @@ def test_an_output_that_could_not_be_written_is_written_later(make_flow, make_lo
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the store should be")
     settings.STUDIO_OBJECT_STORE = blocker.as_uri()
-    held = actions.claim_next_slot(reviewer)
+    held = claim_next_slot(reviewer)
     with django_capture_on_commit_callbacks():
-        actions.answer_slot(held.pk, reviewer, {"label": "dog"})
+        answer_slot(held.pk, reviewer, {"label": "dog"})
     assert write_output_task(loop.pk) is None  # the worker's write fails: the store is a file
     done = HumanLoop.objects.get(pk=loop.pk)
     assert done.status == LoopStatus.COMPLETED and done.output_uri == ""
     settings.STUDIO_OBJECT_STORE = good_store
-    assert actions.expire_review_work()["outputs"] == 0  # too fresh: its own write may still be under way
-    result = actions.expire_review_work(timezone.now() + timedelta(minutes=1))
+    assert expire_review_work()["outputs"] == 0  # too fresh: its own write may still be under way
+    result = expire_review_work(timezone.now() + timedelta(minutes=1))
     assert result["outputs"] == 1
     done.refresh_from_db()
     assert read_loop_output(done)["consolidatedAnswer"]["label"] == "dog"

@@ -17,9 +17,13 @@ from datasets.actions import VersionOptions, register_local_files
 from datasets.models import DatasetVersion, SourceKind, VersionStatus
 from datasets.storage import store_for
 from datasets.validation_run import run_validation
-from review import actions
-from review.actions import ReviewError
-from review.models import NO_CONSENSUS, HumanLoop
+from review.actions.answers import answer_slot
+from review.actions.claims import claim_next_slot
+from review.actions.loops import start_loops_for_predictions
+from review.consolidation import NO_CONSENSUS
+from review.errors import ReviewError
+from review.export import export_flow
+from review.models import HumanLoop
 
 pytestmark = pytest.mark.django_db
 
@@ -27,9 +31,9 @@ pytestmark = pytest.mark.django_db
 def review_all(flow, users, choose) -> None:
     """Each user answers every slot they can get: choose(loop) gives the label."""
     for user in users:
-        while (held := actions.claim_next_slot(user, flow)) is not None:
+        while (held := claim_next_slot(user, flow)) is not None:
             loop = HumanLoop.objects.get(pk=held.loop_id)
-            actions.answer_slot(held.pk, user, {"label": choose(loop)})
+            answer_slot(held.pk, user, {"label": choose(loop)})
 
 
 def read_file(version: DatasetVersion, path: str) -> bytes:
@@ -54,7 +58,7 @@ def test_export_of_rows_is_a_ready_csv_with_the_consolidated_labels(make_flow, m
     rows = [{"f1": i, "f2": i * 0.5, "region": "north" if i % 2 else "south"} for i in range(9)]
     loops = make_loops(flow, 9, content=lambda i: {"row": rows[i]}, labels=lambda i: "cat")
     review_all(flow, [reviewer], lambda loop: human_label(int(loop.input_content["row"]["f1"])))
-    version = ready(actions.export_flow(flow, owner))
+    version = ready(export_flow(flow, owner))
     assert version.dataset.name == f"{flow.name}-reviewed" and version.format == "csv"
     assert (version.source_kind, version.source_uri) == (SourceKind.REVIEW, f"review://flows/{flow.pk}")
     assert version.num_records == 9
@@ -72,15 +76,15 @@ def test_export_of_texts_is_jsonl_and_skips_no_consensus(make_flow, make_loops, 
     flow = make_flow(task_count=2, labels=["cat", "dog", "bird", "fish"], work_team=team(owner, *users))
     agreed, tied = make_loops(flow, 2, content=lambda i: {"text": f"sentence {i}"})
     for user, label in zip(users[:2], ["cat", "cat"], strict=True):
-        held = actions.claim_next_slot(user, flow)
+        held = claim_next_slot(user, flow)
         assert held.loop_id == agreed.pk
-        actions.answer_slot(held.pk, user, {"label": label})
+        answer_slot(held.pk, user, {"label": label})
     for user, label in zip(users, ["cat", "dog", "bird", "fish"], strict=True):
-        held = actions.claim_next_slot(user, flow)
+        held = claim_next_slot(user, flow)
         assert held.loop_id == tied.pk
-        actions.answer_slot(held.pk, user, {"label": label})
+        answer_slot(held.pk, user, {"label": label})
     assert HumanLoop.objects.get(pk=tied.pk).consolidated_label == NO_CONSENSUS
-    version = ready(actions.export_flow(flow, owner, "reviewed-texts"))
+    version = ready(export_flow(flow, owner, "reviewed-texts"))
     assert version.dataset.name == "reviewed-texts" and version.format == "jsonl"
     records = [json.loads(line) for line in read_file(version, "reviewed.jsonl").decode().splitlines()]
     assert records == [{"text": "sentence 0", "label": "cat"}]
@@ -97,7 +101,7 @@ def test_export_of_images_is_an_image_folder_by_label(make_flow, make_loops, rev
     make_loops(flow, 4, content=lambda i: {"image": png((i * 40, 0, 0)), "media_type": "image/png"})
     review_all(flow, [reviewer], lambda loop: "cat" if loop.input_content["image"] in (png((0, 0, 0)), png((80, 0, 0)))
                else "dog")
-    version = ready(actions.export_flow(flow, owner))
+    version = ready(export_flow(flow, owner))
     assert version.format == "image_folder"
     assert sorted(f["path"].split("/")[0] for f in version.files) == ["cat", "cat", "dog", "dog"]
     assert all(f["path"].endswith(".png") for f in version.files)
@@ -107,10 +111,10 @@ def test_nothing_to_export_and_free_text_are_refused(make_flow, make_loops, owne
     flow = make_flow()
     make_loops(flow, 2)
     with pytest.raises(ReviewError, match="Nothing to export"):
-        actions.export_flow(flow, owner)
+        export_flow(flow, owner)
     notes = make_flow(task_type="free_text")
     with pytest.raises(ReviewError, match="free_text flows have no labels to export"):
-        actions.export_flow(notes, owner)
+        export_flow(notes, owner)
 
 
 def test_export_api_returns_the_new_version_and_is_for_writers(client_for, make_flow, make_loops, reviewer, owner,
@@ -167,10 +171,10 @@ def test_retrain_clones_the_source_job_onto_the_reviewed_only_version(make_flow,
     rng = random.Random(1)
     items = [({"row": {"f1": rng.random(), "f2": rng.random()}}, {"label": "cat", "confidence": 0.3,
                                                                  "probabilities": {}}) for _ in range(6)]
-    actions.start_loops_for_predictions(flow, items, source={"endpoint": "animals"}, model_version=model_version,
+    start_loops_for_predictions(flow, items, source={"endpoint": "animals"}, model_version=model_version,
                                         rng=random.Random(2))
     review_all(flow, [reviewer], lambda loop: "dog" if loop.input_content["row"]["f1"] < 0.5 else "bird")
-    exported = ready(actions.export_flow(flow, owner, mode="reviewed_only"))
+    exported = ready(export_flow(flow, owner, mode="reviewed_only"))
     header = read_file(exported, "reviewed.csv").decode().splitlines()[0]
     assert header == "f1,f2,biome"  # the label column the model was trained with
     response = client_for(owner).post(f"/api/v1/dataset-versions/{exported.pk}/retrain/")
@@ -194,11 +198,11 @@ def test_the_default_export_and_retrain_train_on_the_training_rows_plus_the_revi
     rng = random.Random(1)
     rows = [{"f1": float(first["f1"]), "f2": float(first["f2"])}] + [
         {"f1": rng.random() + 5, "f2": rng.random()} for _ in range(5)]
-    actions.start_loops_for_predictions(flow, [({"row": row}, {"label": "cat", "confidence": 0.3}) for row in rows],
+    start_loops_for_predictions(flow, [({"row": row}, {"label": "cat", "confidence": 0.3}) for row in rows],
                                         source={"endpoint": "animals"}, model_version=model_version,
                                         rng=random.Random(2))
     review_all(flow, [reviewer], lambda loop: "dog")
-    exported = ready(actions.export_flow(flow, owner))
+    exported = ready(export_flow(flow, owner))
     assert (exported.dataset_id, exported.version, exported.num_records) == (train.dataset_id, 2, 35)
     merged = list(csv.DictReader(io.StringIO(read_file(exported, "train.csv").decode())))
     assert merged[0] == {**first, "biome": "dog"} and first["biome"] == "cat"  # relabelled in place
@@ -214,10 +218,10 @@ def test_retrain_needs_a_reviewed_version_with_a_source_job(make_flow, reviewer,
     flow = make_flow()
     from tests.review.conftest import LABELS  # noqa: F401  (the flow's labels)
 
-    actions.start_loops_for_predictions(flow, [({"text": "t"}, {"label": "cat", "confidence": 0.1})],
+    start_loops_for_predictions(flow, [({"text": "t"}, {"label": "cat", "confidence": 0.1})],
                                         source={}, rng=random.Random(0))
     review_all(flow, [reviewer], lambda loop: "cat")
-    exported = ready(actions.export_flow(flow, owner))
+    exported = ready(export_flow(flow, owner))
     response = client_for(owner).post(f"/api/v1/dataset-versions/{exported.pk}/retrain/")
     assert response.status_code == 400 and "source job" in response.json()["error"]["message"]
     plain = DatasetVersion.objects.exclude(source_kind=SourceKind.REVIEW).first()

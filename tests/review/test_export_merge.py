@@ -22,8 +22,11 @@ from datasets.actions import VersionOptions, register_local_files
 from datasets.models import DatasetVersion, SourceKind, VersionStatus
 from datasets.storage import store_for
 from datasets.validation_run import run_validation
-from review import actions
-from review.actions import ReviewError
+from review.actions.answers import answer_slot
+from review.actions.claims import claim_next_slot
+from review.actions.loops import start_loops_for_predictions
+from review.errors import ReviewError
+from review.export import export_flow
 from review.models import HumanLoop
 
 pytestmark = pytest.mark.django_db
@@ -50,9 +53,9 @@ def table(version: DatasetVersion, path: str) -> list[dict]:
 
 def review_all(flow, users, choose) -> None:
     for user in users:
-        while (held := actions.claim_next_slot(user, flow)) is not None:
+        while (held := claim_next_slot(user, flow)) is not None:
             loop = HumanLoop.objects.get(pk=held.loop_id)
-            actions.answer_slot(held.pk, user, {"label": choose(loop)})
+            answer_slot(held.pk, user, {"label": choose(loop)})
 
 
 def training_rows(count: int, seed: int) -> list[dict]:
@@ -110,7 +113,7 @@ def animals(project, owner, tmp_path):
 
 def start_reviews(flow, model_version, contents: list[dict], labels: list[str], reviewer) -> None:
     items = [(content, {"label": "cat", "confidence": 0.3, "probabilities": {}}) for content in contents]
-    actions.start_loops_for_predictions(flow, items, source={"endpoint": "animals"}, model_version=model_version,
+    start_loops_for_predictions(flow, items, source={"endpoint": "animals"}, model_version=model_version,
                                         rng=random.Random(2))
     by_content = {json.dumps(c, sort_keys=True): label for c, label in zip(contents, labels, strict=True)}
     review_all(flow, [reviewer], lambda loop: by_content[json.dumps(loop.input_content, sort_keys=True)])
@@ -142,7 +145,7 @@ def reviewed_animals(make_flow, reviewer, animals):
 def test_the_default_export_is_the_next_version_of_the_training_data_with_the_reviewed_rows_merged(
         reviewed_animals, owner):
     flow, job, train, rows, labels = reviewed_animals
-    version = ready(actions.export_flow(flow, owner))
+    version = ready(export_flow(flow, owner))
     assert (version.dataset_id, version.version) == (train.dataset_id, 2)  # same dataset, next version
     merged = table(version, "train.csv")
     assert len(merged) == 60 + 4
@@ -195,14 +198,14 @@ def test_a_validation_holdout_is_measured_on_at_least_as_many_rows_as_the_source
     start_reviews(flow, model_version, contents, ["bird" if rows[0]["biome"] != "bird" else "cat", *["cat"] * 5],
                   reviewer)
     client = client_for(owner)
-    version = ready(actions.export_flow(flow, owner))
+    version = ready(export_flow(flow, owner))
     assert version.num_records == 305
     clone = client.post(f"/api/v1/dataset-versions/{version.pk}/retrain/").json()
     source = client.get(f"/api/v1/jobs/{job.pk}/").json()
     assert source["validation_records"] == {"count": 30, "source": "held_out", "few": False}
     assert clone["validation_records"]["count"] == 30 >= source["validation_records"]["count"]
     # The reviewed-only set: the 6 rows alone, a holdout of 1 — flagged as too few.
-    only = ready(actions.export_flow(flow, owner, mode="reviewed_only"))
+    only = ready(export_flow(flow, owner, mode="reviewed_only"))
     assert only.num_records == 6 and only.dataset.name == f"{flow.name}-reviewed"
     assert only.provenance["mode"] == "reviewed_only"
     small = client.post(f"/api/v1/dataset-versions/{only.pk}/retrain/").json()
@@ -259,7 +262,7 @@ def test_reviewing_nothing_new_is_refused(animals, make_flow, reviewer, owner):
     flow = make_flow()
     start_reviews(flow, model_version, [as_invocation(rows[0])], [rows[0]["biome"]], reviewer)
     with pytest.raises(ReviewError, match="Nothing to change"):
-        actions.export_flow(flow, owner)
+        export_flow(flow, owner)
 
 
 def test_loops_from_no_model_export_the_reviewed_rows_and_refuse_a_merge(make_flow, make_loops, reviewer, owner):
@@ -267,8 +270,8 @@ def test_loops_from_no_model_export_the_reviewed_rows_and_refuse_a_merge(make_fl
     make_loops(flow, 3, content=lambda i: {"row": {"f1": i}})
     review_all(flow, [reviewer], lambda loop: "cat")
     with pytest.raises(ReviewError, match="did not come from a registered model's job"):
-        actions.export_flow(flow, owner, mode="merged")
-    version = ready(actions.export_flow(flow, owner))
+        export_flow(flow, owner, mode="merged")
+    version = ready(export_flow(flow, owner))
     assert version.num_records == 3 and version.provenance["mode"] == "reviewed_only"
 
 
@@ -283,7 +286,7 @@ def test_a_split_version_is_merged_per_channel(project, owner, make_flow, review
     train_count = train.channel_counts["train"]
     flow = make_flow()
     start_reviews(flow, model_version, [{"row": {"f1": 9.5, "f2": 9.5, "region": "north"}}], ["bird"], reviewer)
-    version = ready(actions.export_flow(flow, owner))
+    version = ready(export_flow(flow, owner))
     assert version.split == {}
     assert version.channel_counts == {"train": train_count + 1, "validation": train.channel_counts["validation"]}
     assert sorted(f["path"] for f in version.files) == ["train/all.csv", "validation/all.csv"]
@@ -300,7 +303,7 @@ def test_jsonl_texts_are_matched_on_the_text(project, owner, make_flow, reviewer
         name="sentences", algorithm="text-classifier", hyperparameters={})
     flow = make_flow()
     start_reviews(flow, model_version, [{"text": "sentence 2"}, {"text": "a new one"}], ["bird", "dog"], reviewer)
-    version = ready(actions.export_flow(flow, owner))
+    version = ready(export_flow(flow, owner))
     lines = [json.loads(x) for x in read_file(version, "train.jsonl").decode().splitlines()]
     assert len(lines) == 11 and lines[2] == {"text": "sentence 2", "label": "bird", "id": 2}
     assert lines[-1] == {"text": "a new one", "label": "dog"}
@@ -328,7 +331,7 @@ def test_images_are_matched_on_their_bytes_and_move_to_the_human_label(project, 
     contents = [{"image": base64.b64encode(png((40, 10, 10))).decode(), "media_type": "image/png"},
                 {"image": base64.b64encode(png((250, 250, 250))).decode(), "media_type": "image/png"}]
     start_reviews(flow, model_version, contents, ["bird", "dog"], reviewer)
-    version = ready(actions.export_flow(flow, owner))
+    version = ready(export_flow(flow, owner))
     paths = sorted(f["path"] for f in version.files)
     assert "train/bird/1.png" in paths and "train/cat/1.png" not in paths
     assert sum(p.startswith("train/dog/reviewed-") for p in paths) == 1
@@ -346,8 +349,8 @@ def test_plain_text_training_data_cannot_take_labels(project, owner, make_flow, 
     flow = make_flow()
     start_reviews(flow, model_version, [{"text": "one line"}], ["cat"], reviewer)
     with pytest.raises(ReviewError, match="plain text without labels"):
-        actions.export_flow(flow, owner)
-    assert ready(actions.export_flow(flow, owner, mode="reviewed_only")).num_records == 1
+        export_flow(flow, owner)
+    assert ready(export_flow(flow, owner, mode="reviewed_only")).num_records == 1
 
 
 # --- pages ------------------------------------------------------------------------------------

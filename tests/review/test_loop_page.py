@@ -10,7 +10,8 @@ import re
 
 from django.test import Client
 
-from review import actions
+from review.actions.answers import answer_slot
+from review.actions.claims import claim_next_slot
 from review.models import HumanLoop, LoopStatus
 
 
@@ -27,8 +28,8 @@ def test_flow_items_link_to_a_loop_page_with_input_prediction_answers_and_status
     loops = make_loops(flow, 2, content=lambda i: [{"text": "<script>alert(1)</script>a purring cat"},
                                                    {"row": {"legs": 4, "sound": "woof"}}][i],
                        confidence=lambda i: 0.41)
-    assignment = actions.claim_next_slot(reviewer, flow)
-    actions.answer_slot(assignment.pk, reviewer, {"label": "dog"})
+    assignment = claim_next_slot(reviewer, flow)
+    answer_slot(assignment.pk, reviewer, {"label": "dog"})
 
     client = signed_in(teammate)
     flow_page = client.get(f"/review/flows/{flow.pk}/").content.decode()

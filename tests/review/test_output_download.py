@@ -11,7 +11,8 @@ import pytest
 import requests
 from django.test import Client
 
-from review import actions
+from review.actions.answers import answer_slot
+from review.actions.claims import claim_next_slot
 from review.models import HumanLoop
 from review.output import loop_output
 from review.tasks import write_output_task
@@ -20,9 +21,9 @@ pytestmark = pytest.mark.django_db
 
 
 def complete(loop: HumanLoop, user) -> HumanLoop:
-    held = actions.claim_next_slot(user, loop.flow_definition)
+    held = claim_next_slot(user, loop.flow_definition)
     assert held is not None and held.loop_id == loop.pk
-    actions.answer_slot(held.pk, user, {"label": "cat"})
+    answer_slot(held.pk, user, {"label": "cat"})
     write_output_task(loop.pk)  # what the control worker runs once the loop completes
     return HumanLoop.objects.get(pk=loop.pk)
 

@@ -15,7 +15,9 @@ from datasets.models import DatasetVersion, SourceKind, VersionStatus
 from datasets.validation_run import run_validation
 from hosting.models import Model, ModelKind, ModelVersion
 from jobs.models import JobInput, JobStatus, TrainingJob
-from review import actions
+from review.actions.answers import answer_slot
+from review.actions.claims import claim_next_slot, release_slot
+from review.actions.loops import start_loops_for_predictions
 from review.models import AssignmentStatus, HumanLoop, LoopStatus
 from tests.review.conftest import backdate_leases
 
@@ -57,19 +59,19 @@ def test_inbox_lists_only_the_reviewers_team_flows_with_counts(two_teams, review
     assert "Secret plants" not in page and "secret-plants" not in page and f'data-flow="{flow_b.pk}"' not in page
     assert inbox_counts(client) == {flow_a.pk: {"id": flow_a.pk, "available": 3, "held": 0, "answered_today": 0}}
 
-    held = actions.claim_next_slot(reviewer, flow_a)
+    held = claim_next_slot(reviewer, flow_a)
     assert inbox_counts(client)[flow_a.pk] == {"id": flow_a.pk, "available": 2, "held": 1, "answered_today": 0}
-    actions.answer_slot(held.pk, reviewer, {"label": "dog"})
+    answer_slot(held.pk, reviewer, {"label": "dog"})
     assert inbox_counts(client)[flow_a.pk] == {"id": flow_a.pk, "available": 2, "held": 0, "answered_today": 1}
     # A skipped item is not offered again, so it no longer counts as waiting for this reviewer.
-    skipped = actions.claim_next_slot(reviewer, flow_a)
-    actions.release_slot(skipped.pk, reviewer)
+    skipped = claim_next_slot(reviewer, flow_a)
+    release_slot(skipped.pk, reviewer)
     assert inbox_counts(client)[flow_a.pk]["available"] == 1
 
 
 def test_inbox_counts_an_item_another_reviewer_still_needs(two_teams, reviewer, reviewers):
     flow_a, _ = two_teams
-    actions.claim_next_slot(reviewers(1)[0], flow_a)  # task_count 1: that slot is held by reviewer-1
+    claim_next_slot(reviewers(1)[0], flow_a)  # task_count 1: that slot is held by reviewer-1
     assert inbox_counts(signed_in(reviewer))[flow_a.pk]["available"] == 2
 
 
@@ -77,8 +79,8 @@ def test_held_endpoint_resumes_the_reviewers_own_live_hold_only(two_teams, revie
     flow_a, flow_b = two_teams
     client = signed_in(reviewer)
     assert client.get("/review/held/").status_code == 204
-    mine = actions.claim_next_slot(reviewer, flow_a)
-    actions.claim_next_slot(reviewers(1)[0], flow_a)  # someone else's hold is never offered
+    mine = claim_next_slot(reviewer, flow_a)
+    claim_next_slot(reviewers(1)[0], flow_a)  # someone else's hold is never offered
     body = client.get("/review/held/").json()
     assert body["assignment"] == mine.pk and body["flow_definition"]["id"] == flow_a.pk
     assert body["labels"] == ["cat", "dog", "bird"] and body["input_content"]["text"].startswith("item ")
@@ -154,9 +156,9 @@ def test_reviewer_cannot_reach_jobs_or_datasets_pages(two_teams, reviewer, teamm
 # --- flow pages for the project -------------------------------------------------------------------------
 def complete_all(flow, reviewer, label_for=lambda loop: "cat") -> int:
     done = 0
-    while (assignment := actions.claim_next_slot(reviewer, flow)) is not None:
+    while (assignment := claim_next_slot(reviewer, flow)) is not None:
         loop = HumanLoop.objects.get(pk=assignment.loop_id)
-        actions.answer_slot(assignment.pk, reviewer, {"label": label_for(loop)})
+        answer_slot(assignment.pk, reviewer, {"label": label_for(loop)})
         done += 1
     return done
 
@@ -265,7 +267,7 @@ def test_retrain_button_clones_the_source_job_onto_the_export(project, owner, re
     items = [({"row": {"x1": i % 7, "x2": i % 5}}, {"label": "pos", "confidence": 0.55, "probabilities": {}})
              for i in range(12)]
     flow.activation = {"confidence_below": 0.8, "sample_percent": 0.0, "combine": "any"}
-    actions.start_loops_for_predictions(flow, items, source={"endpoint": "points"}, model_version=deployed_source)
+    start_loops_for_predictions(flow, items, source={"endpoint": "points"}, model_version=deployed_source)
     assert complete_all(flow, reviewer, lambda loop: "pos" if loop.input_content["row"]["x1"] > 3 else "neg") == 12
     client = signed_in(teammate)
     # Every reviewed row is a training row with the same label: a merge would change nothing.
@@ -287,8 +289,8 @@ def test_retrain_button_clones_the_source_job_onto_the_export(project, owner, re
 
 def test_answers_recorded_in_the_inbox_are_visible_on_the_flow_page(two_teams, reviewer, teammate):
     flow_a, _ = two_teams
-    assignment = actions.claim_next_slot(reviewer, flow_a)
-    actions.answer_slot(assignment.pk, reviewer, {"label": "dog"})
+    assignment = claim_next_slot(reviewer, flow_a)
+    answer_slot(assignment.pk, reviewer, {"label": "dog"})
     assert assignment.__class__.objects.get(pk=assignment.pk).status == AssignmentStatus.ANSWERED
     rows = signed_in(teammate).get(f"/review/flows/{flow_a.pk}/").context["rows"]
     answered = [row for row in rows if row.loop.status == LoopStatus.COMPLETED]
@@ -314,8 +316,8 @@ def test_inbox_and_flow_pages_take_a_bounded_number_of_queries(project, owner, r
     for flow in flows:
         make_loops(flow, 6)
     for _ in range(4):
-        assignment = actions.claim_next_slot(reviewer)
-        actions.answer_slot(assignment.pk, reviewer, {"label": "cat"})
+        assignment = claim_next_slot(reviewer)
+        answer_slot(assignment.pk, reviewer, {"label": "cat"})
     reviewer_client, scientist_client = signed_in(reviewer), signed_in(teammate)
     with django_assert_max_num_queries(8):
         assert reviewer_client.get("/review/").status_code == 200

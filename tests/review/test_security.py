@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from review import actions
+from review.actions.claims import claim_next_slot
 from review.models import Assignment, AssignmentStatus, HumanLoop
 
 pytestmark = pytest.mark.django_db
@@ -55,7 +55,7 @@ def test_a_reviewer_claims_only_their_teams_items(client_for, two_teams):
 
 
 def test_a_reviewer_cannot_answer_or_release_another_teams_assignment(client_for, two_teams):
-    bobs = actions.claim_next_slot(two_teams["bob"])
+    bobs = claim_next_slot(two_teams["bob"])
     client = client_for(two_teams["alice"])
     answer = client.post(f"/api/v1/review/assignments/{bobs.pk}/answer/", {"answer": {"label": "cat"}}, format="json")
     assert answer.status_code == 404

@@ -12,8 +12,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from review.consolidation import NO_CONSENSUS
 from review.models import (
-    NO_CONSENSUS,
     Assignment,
     AssignmentStatus,
     FlowDefinition,
