@@ -14,12 +14,7 @@
   var button = document.getElementById("try-submit");
   var counter = document.getElementById("endpoint-invocations");
 
-  function csrfToken() {
-    var field = form.elements.csrfmiddlewaretoken;
-    if (field && field.value) return field.value;
-    var match = document.cookie.match(/(?:^|;\s*)csrftoken=([^;]+)/);
-    return match ? decodeURIComponent(match[1]) : "";
-  }
+  var csrfToken = window.Trainyard.csrfToken;
 
   function showError(message) {
     errorBox.textContent = message;

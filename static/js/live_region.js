@@ -19,13 +19,6 @@
     return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
   }
 
-  function csrfToken() {
-    var field = document.querySelector("input[name=csrfmiddlewaretoken]");  // the sign-out form has one
-    if (field) return field.value;
-    var match = document.cookie.match(/(?:^|;\s*)csrftoken=([^;]+)/);
-    return match ? decodeURIComponent(match[1]) : "";
-  }
-
   // A function that re-reads pageUrl and swaps each [data-live-region] for the fresh one of
   // the same id (the server renders them the one way it always does), then calls after().
   // A refresh asked for while a read is in flight gets a read of its own once that one is
@@ -120,7 +113,7 @@
       button.textContent = "Stopping…";
       fetch(button.getAttribute("data-stop-url"), {
         method: "POST", credentials: "same-origin",
-        headers: { "X-CSRFToken": csrfToken(), Accept: "application/json" },
+        headers: { "X-CSRFToken": Trainyard.csrfToken(), Accept: "application/json" },
       }).then(function (response) {
         return response.json().catch(function () { return {}; }).then(function (body) {
           if (!response.ok) {
@@ -143,7 +136,7 @@
   }
 
   Trainyard.live = {
-    getJSON: getJSON, escapeLabel: escapeLabel, csrfToken: csrfToken, regionRefresher: regionRefresher,
+    getJSON: getJSON, escapeLabel: escapeLabel, regionRefresher: regionRefresher,
     chartCard: chartCard, chartLayout: chartLayout, CHART_CONFIG: CHART_CONFIG, showActionError: showActionError,
     stopButton: stopButton, whenReady: whenReady,
   };

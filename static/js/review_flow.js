@@ -8,24 +8,13 @@
   var container = document.getElementById("review-charts");
   if (!container) return;
   var url = container.getAttribute("data-url");
-  var styles = getComputedStyle(document.documentElement);
-  var font = styles.getPropertyValue("--font").trim() || "system-ui, sans-serif";
-  var CONFIG = { displayModeBar: false, responsive: true };
+  var shared = window.Trainyard.live;
+  var escapeLabel = shared.escapeLabel;
+  var CONFIG = shared.CHART_CONFIG;
   var REFRESH_MS = 30000;
 
-  function escapeLabel(text) {
-    return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
-  }
-
   function layout(extra) {
-    var base = {
-      margin: { l: 48, r: 16, t: 8, b: 40 }, height: 200,
-      font: { family: font, size: 12, color: "#4a5565" },
-      xaxis: { gridcolor: "#eef0f3", zeroline: false }, yaxis: { gridcolor: "#eef0f3", zeroline: false, automargin: true },
-      showlegend: false, paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
-    };
-    Object.keys(extra || {}).forEach(function (key) { base[key] = extra[key]; });
-    return base;
+    return shared.chartLayout({ margin: { l: 48, r: 16, t: 8, b: 40 }, height: 200 }, extra);
   }
 
   function show(id, visible) {

@@ -32,12 +32,7 @@
   var handled = 0;  // items answered or skipped since Start was pressed: the position is handled + 1
   var countsAsked = 0;  // the latest counts request; an older answer arriving late is dropped
 
-  function csrfToken() {
-    var field = document.querySelector("input[name=csrfmiddlewaretoken]");  // the sign-out form has one
-    if (field) return field.value;
-    var match = document.cookie.match(/(?:^|;\s*)csrftoken=([^;]+)/);
-    return match ? decodeURIComponent(match[1]) : "";
-  }
+  var csrfToken = window.Trainyard.csrfToken;
 
   function post(url, body) {
     return fetch(url, {

@@ -1,7 +1,18 @@
 // Behaviour every page shares: relative times that stay current, confirmation before
-// destructive forms, and selects that submit on change (the project switcher).
+// destructive forms, selects that submit on change (the project switcher), and the CSRF
+// token for the pages' scripts that post (window.Trainyard.csrfToken). Loaded first.
 (function () {
   "use strict";
+
+  function csrfToken() {
+    var field = document.querySelector("input[name=csrfmiddlewaretoken]");  // the sign-out form has one
+    if (field) return field.value;
+    var match = document.cookie.match(/(?:^|;\s*)csrftoken=([^;]+)/);
+    return match ? decodeURIComponent(match[1]) : "";
+  }
+
+  var Trainyard = window.Trainyard = window.Trainyard || {};
+  Trainyard.csrfToken = csrfToken;
 
   function phrase(date, now) {
     var seconds = (now - date) / 1000;
