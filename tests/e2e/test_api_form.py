@@ -1,8 +1,8 @@
 """The pieces the job and tuning forms share (static/js/api_form.js) in a real browser
 (Debian chromium through Playwright) against the live server: channel rows a script names
 itself, added and removed; metric and range rows added and removed; the form's own checks
-placed beside their fields; and an API error nested three levels deep (base_job.stopping.
-max_runtime_seconds) placed beside the one input it is about."""
+placed beside their fields; and an API error nested three levels deep
+(base_job.stopping.max_runtime_seconds) placed beside the one input it is about."""
 
 from __future__ import annotations
 
