@@ -1,4 +1,4 @@
-"""Back into training (issue 6 item 7, issue 13 item 1): a flow's consolidated labels
+"""Back into training (docs/SPEC.md §5): a flow's consolidated labels
 become a new dataset version, and a job can be retrained on it.
 
 By default (mode "merged") the export is the NEXT VERSION OF THE SOURCE JOB'S TRAINING

@@ -1,4 +1,4 @@
-"""Human review after Amazon Augmented AI (SPEC §5): who reviews (WorkTeam), when and how
+"""Human review after Amazon Augmented AI (docs/SPEC.md §5): who reviews (WorkTeam), when and how
 items are sent to people (FlowDefinition), each item (HumanLoop) and each reviewer's hold
 on one of its slots (Assignment).
 

@@ -1,4 +1,4 @@
-"""Per-flow review statistics (issue 6, item 8): the backlog, completions per hour, how long
+"""Per-flow review statistics: the backlog, completions per hour, how long
 items take, each reviewer's throughput, agreement, and how often the model agreed with the
 people (with a confusion matrix).
 

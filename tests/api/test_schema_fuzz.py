@@ -1,4 +1,4 @@
-"""The OpenAPI schema tells the truth (issue 13, item 6): schemathesis generates requests
+"""The OpenAPI schema tells the truth: schemathesis generates requests
 for EVERY operation of /api/schema/ and checks each answer against the schema — no 5xx,
 only documented status codes, bodies that match their documented schema, and documented
 content types.

@@ -1,4 +1,4 @@
-"""The review inbox's small ones (issue 13, item 14) in Debian chromium against the live
+"""The review inbox's small things in Debian chromium against the live
 server: the work view says "Item n of N" and keeps it true as items are answered and
 skipped without a page load; the counts (the table and the heading's total) are re-read
 after every answer, skip and release, so an item a teammate took meanwhile is not still

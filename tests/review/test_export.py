@@ -189,7 +189,7 @@ def test_retrain_clones_the_source_job_onto_the_reviewed_only_version(make_flow,
 
 def test_the_default_export_and_retrain_train_on_the_training_rows_plus_the_reviewed_ones(
         make_flow, reviewer, owner, source_job, client_for):
-    """Issue 13: not the 6 reviewed rows alone (a holdout of 1 row, validation_accuracy 1),
+    """Not the 6 reviewed rows alone (a holdout of 1 row, validation_accuracy 1),
     but animals v1's 30 rows + 6 reviewed, as animals v2; a reviewed training row is relabelled."""
     job, model_version = source_job
     train = job.inputs.get(channel="train").dataset_version

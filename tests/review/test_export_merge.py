@@ -1,4 +1,4 @@
-"""Issue 13 item 1: retrain on reviewed data must not train on the reviewed rows alone.
+"""Retrain on reviewed data must not train on the reviewed rows alone.
 
 The default export is the next version of the source job's training dataset: its training
 records plus the reviewed ones, a reviewed record already there relabelled, validation

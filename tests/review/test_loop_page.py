@@ -1,4 +1,4 @@
-"""A flow item's own page (issue 13, item 14: flow item names were not links): the flow
+"""A flow item's own page (flow item names used to be plain text): the flow
 page's items table links each loop name to /review/flows/<flow>/items/<name>/, which shows
 the input, the model's prediction, each reviewer's answer and the status, to the
 project's readers only (reviewers, outsiders and another flow's id get 404), with user text

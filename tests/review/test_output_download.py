@@ -1,5 +1,5 @@
 """A completed human loop's output JSON, downloaded through the API and linked from the
-flow's page (issue 13 item 9): streamed from the object store, readers only, 409 until the
+flow's page: streamed from the object store, readers only, 409 until the
 output is written, a presigned redirect where the store is S3."""
 
 from __future__ import annotations
