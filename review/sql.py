@@ -1,5 +1,5 @@
-"""The plain SQL of review's hot paths, in one place (ARCHITECTURE: the lean path on hot
-endpoints — the ORM's query building cost more than these queries).
+"""The plain SQL of review's hot paths, in one place (hot endpoints take the lean path:
+the ORM's query building cost more than these queries).
 
 Status values are rendered into the text from the enums, as literals rather than
 parameters: the partial indexes (loop_claim_oldest, loop_claim_least_confident,
