@@ -126,10 +126,10 @@ class DatasetListView(PaginatedAPIView):
             datasets = datasets.filter(project=project)
         if search := request.query_params.get("search"):
             datasets = datasets.filter(name__icontains=search)
-        datasets = datasets.order_by("project__slug", "name").values("id", "project__slug", "name", "description", "created_at")
+        rows = datasets.order_by("project__slug", "name").values("id", "project__slug", "name", "description", "created_at")
         # A hot list: plain values() and one query for every version on the page, instead
         # of nested serializers per row (measured in bench/serving.py).
-        return paginate(self, request, datasets, dataset_rows)
+        return paginate(self, request, rows, dataset_rows)
     @extend_schema(request=DatasetCreateSerializer, responses={201: DatasetRegisteredSerializer, 200: DatasetRegisteredSerializer})
     def post(self, request: Request) -> Response:
         declared = int(request.META.get("CONTENT_LENGTH") or 0)

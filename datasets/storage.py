@@ -283,7 +283,8 @@ class S3Store:
             from django.utils.http import content_disposition_header
 
             # Quotes, non-ASCII and control characters in a name are encoded, not pasted in.
-            params["ResponseContentDisposition"] = content_disposition_header(True, filename)
+            if disposition := content_disposition_header(True, filename):  # always one for an attachment
+                params["ResponseContentDisposition"] = disposition
         with self._errors(uri):
             return self.client.generate_presigned_url("get_object", Params=params, ExpiresIn=expires_seconds)
 
@@ -420,6 +421,7 @@ def zip_response(entries: list[tuple[str, str]], filename: str):
     from django.utils.http import content_disposition_header
 
     response = StreamingHttpResponse(zip_chunks(entries), content_type="application/zip")
-    response["Content-Disposition"] = content_disposition_header(True, filename)
+    if disposition := content_disposition_header(True, filename):  # always one for an attachment
+        response["Content-Disposition"] = disposition
     response["Cache-Control"] = "private, no-store"
     return response

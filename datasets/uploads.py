@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from django.core.files.uploadedfile import UploadedFile
 from django.core.files.uploadhandler import FileUploadHandler
@@ -32,7 +32,7 @@ class StreamedUploadedFile(UploadedFile):
         super().__init__(file=None, name=part.file_name, content_type=content_type, size=part.size)
         self.part = part
 
-    def open(self, mode=None):  # pragma: no cover - the content lives in the object store
+    def open(self, mode: str | None = None, *args: Any, **kwargs: Any) -> NoReturn:  # pragma: no cover - the content lives in the object store
         raise ValueError("streamed uploads are read from the object store, not from the request")
 
 

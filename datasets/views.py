@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import mimetypes
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -21,6 +22,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRefresh
+from django_htmx.middleware import HtmxDetails
 
 from datasets import actions
 from datasets.api import get_version_for_user
@@ -42,20 +44,38 @@ CHART_CLASSES = 40
 FILES_SHOWN = 200
 
 
+class HtmxHttpRequest(HttpRequest):
+    """A request as django-htmx's middleware leaves it (django-htmx documents this class for type checkers)."""
+
+    htmx: HtmxDetails
+
+
 # --- list ---------------------------------------------------------------------------------
+@dataclass
+class DatasetRow:
+    """A row of the list: the dataset, its newest version and when either last changed."""
+
+    dataset: Dataset
+    latest: DatasetVersion | None
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, dataset: Dataset) -> DatasetRow:
+        """From a dataset whose versions are prefetched newest first."""
+        latest = next(iter(dataset.versions.all()), None)
+        updated_at = (latest.validated_at or latest.created_at) if latest else dataset.created_at
+        return cls(dataset, latest, updated_at)
+
+
 @page
 def dataset_list(request: HttpRequest) -> HttpResponse:
-    datasets = list(
+    datasets = (
         Dataset.objects.filter(project__in=readable_projects(request)).select_related("project")
-        .prefetch_related(Prefetch("versions", queryset=DatasetVersion.objects.only(*SUMMARY_FIELDS).order_by("-version"),
-                                   to_attr="summaries"))
+        .prefetch_related(Prefetch("versions", queryset=DatasetVersion.objects.only(*SUMMARY_FIELDS).order_by("-version")))
         .order_by("project__slug", "name")
     )
-    for dataset in datasets:
-        dataset.latest = dataset.summaries[0] if dataset.summaries else None
-        dataset.updated_at = (dataset.latest.validated_at or dataset.latest.created_at) if dataset.latest else dataset.created_at
     return render(request, "datasets/list.html", {
-        "datasets": datasets,
+        "datasets": [DatasetRow.of(dataset) for dataset in datasets],
         "can_upload": any(entry.can_write for entry in project_roles(request)),
         "show_project": len(project_roles(request)) > 1 and current_project(request) is None,
     })
@@ -160,7 +180,7 @@ def dataset_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @page
-def version_status(request: HttpRequest, pk: int) -> HttpResponse:
+def version_status(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     """The status fragment polled by htmx while a version validates. Once validation has
     finished, the whole page is stale (schema, preview, errors), so ask for a refresh."""
     version = get_version_for_user(request.user, pk)
@@ -183,7 +203,7 @@ def _inline_type(path: str) -> str | None:
 
 
 @page
-def version_file(request: HttpRequest, pk: int, path: str) -> HttpResponse:
+def version_file(request: HttpRequest, pk: int, path: str) -> FileResponse:
     """Stream one of the version's own files. Only paths listed in version.files are
     served, looked up by exact match, so no request can name another object."""
     version = get_version_for_user(request.user, pk)
