@@ -404,7 +404,6 @@ def main() -> int:
 
         django.setup()
         from django.core.management import call_command
-        from django.urls import Resolver404, resolve
 
         from jobs.models import JobStatus, TrainingJob
         from studio import actions
@@ -418,17 +417,6 @@ def main() -> int:
         jobs = {name: TrainingJob.objects.create(project=project, name=name, status=JobStatus.TRAINING)
                 for name in ("sdk", "ingest", "sequential", "baseline", "live")}
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        try:
-            resolve(f"/api/v1/jobs/{jobs['live'].pk}/stream")
-        except Resolver404:
-            # studio.urls does not include the metrics routes yet: serve them from a shim.
-            shim = workdir / "shim"
-            shim.mkdir()
-            (shim / "bench_settings.py").write_text("from studio.settings import *  # noqa\nROOT_URLCONF = 'bench_urls'\n")
-            (shim / "bench_urls.py").write_text("from django.urls import include, path\nurlpatterns = [path('api/v1/', "
-                                                "include('jobs.metrics_urls')), path('', include('studio.urls'))]\n")
-            env.update({"DJANGO_SETTINGS_MODULE": "bench_settings",
-                        "PYTHONPATH": os.pathsep.join([str(shim), str(ROOT), env.get("PYTHONPATH", "")])})
 
         load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
         print(f"Trainyard metrics bench — database: {label}; Redis: embedded {redis_url}; {os.cpu_count()} CPUs, "

@@ -1,4 +1,4 @@
-"""The hosting API routes; included under /api/v1/ by studio.urls."""
+"""The hosting API routes; included under /api/v1/ by trainyard_site.urls."""
 
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
-"""The review API routes; included under /api/v1/ by studio.urls."""
+"""The review API routes (teams, flows and their statistics, human loops, claims and answers);
+included under /api/v1/ by trainyard_site.urls."""
 
 from __future__ import annotations
 
 from django.urls import path
 
-from review import api
+from review import api, api_stats
 
 urlpatterns = [
     path("work-teams/", api.WorkTeamListView.as_view(), name="api-work-teams"),
@@ -22,4 +23,5 @@ urlpatterns = [
     path("review/assignments/<int:pk>/answer/", api.AnswerView.as_view(), name="api-review-answer"),
     path("review/assignments/<int:pk>/release/", api.ReleaseView.as_view(), name="api-review-release"),
     path("dataset-versions/<int:pk>/retrain/", api.RetrainView.as_view(), name="api-dataset-version-retrain"),
+    path("flow-definitions/<int:pk>/stats/", api_stats.FlowStatsView.as_view(), name="api-flow-definition-stats"),
 ]

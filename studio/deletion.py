@@ -16,11 +16,13 @@ the API answers 409 with its blockers) and a delete action that:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.utils import timezone
 
@@ -30,6 +32,31 @@ log = logging.getLogger(__name__)
 
 # An intent untouched this long lost its worker (each removed object touches it).
 STALE_AFTER_SECONDS = 60
+
+
+@dataclass(frozen=True)
+class ObjectStoreAccess:
+    """How deletion reaches the object store, which the datasets app owns: `store_for(uri)`
+    gives the store holding a URI (with `list` and `delete_prefix`), and `error` is what
+    the store raises when it cannot be read or written."""
+
+    store_for: Callable[[str], Any]
+    error: type[Exception]
+
+
+_object_store: ObjectStoreAccess | None = None
+
+
+def register_object_store(store_for: Callable[[str], Any], error: type[Exception]) -> None:
+    """Called once by DatasetsConfig.ready(), so this module needs no import of datasets."""
+    global _object_store
+    _object_store = ObjectStoreAccess(store_for=store_for, error=error)
+
+
+def object_store() -> ObjectStoreAccess:
+    if _object_store is None:
+        raise ImproperlyConfigured("No object store is registered: add 'datasets' to INSTALLED_APPS.")
+    return _object_store
 
 
 @dataclass(frozen=True)
@@ -92,13 +119,12 @@ def owned_uri(uri: str) -> bool:
 
 def count_objects(uri: str) -> tuple[int, int]:
     """(files, bytes) below `uri` in the store; (0, 0) when it cannot be read."""
-    from datasets.storage import StorageError, store_for
-
     if not uri:
         return 0, 0
+    store = object_store()
     try:
-        objects = list(store_for(uri).list(uri))
-    except StorageError:
+        objects = list(store.store_for(uri).list(uri))
+    except store.error:
         return 0, 0
     return len(objects), sum(o.size for o in objects)
 
@@ -127,8 +153,7 @@ def run_deletion(pending_id: int) -> int:
     """Remove a PendingDeletion's objects one URI at a time, shrinking its list after each
     (a worker killed midway leaves the rest recorded), and drop the row when none is left.
     Returns how many URIs were removed. A URI that fails stays, with the reason."""
-    from datasets.storage import StorageError, store_for
-
+    store = object_store()
     pending = PendingDeletion.objects.filter(pk=pending_id).first()
     if pending is None:
         return 0
@@ -140,9 +165,9 @@ def run_deletion(pending_id: int) -> int:
     while remaining:
         uri = remaining[0]
         try:
-            store_for(uri).delete_prefix(uri)
+            store.store_for(uri).delete_prefix(uri)
             removed += 1
-        except StorageError as exc:
+        except store.error as exc:
             failed.append(uri)
             errors.append(str(exc))
             log.warning("could not delete %s (%s): %s", uri, pending.what, exc)

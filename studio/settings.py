@@ -53,6 +53,8 @@ INSTALLED_APPS = [
     "tuning",
     "hosting",
     "review",
+    "overview",
+    "trainyard_site",
 ]
 
 MIDDLEWARE = [
@@ -69,7 +71,7 @@ MIDDLEWARE = [
     "studio.middleware.ApiErrorMiddleware",
 ]
 
-ROOT_URLCONF = "studio.urls"
+ROOT_URLCONF = "trainyard_site.urls"
 WSGI_APPLICATION = "studio.wsgi.application"
 
 TEMPLATES = [

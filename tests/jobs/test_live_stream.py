@@ -13,7 +13,6 @@ from urllib.parse import urlparse
 
 import pytest
 from django.conf import settings
-from django.urls import include, path
 
 from jobs.metrics import metrics_redis
 from jobs.models import JobStatus, TrainingJob
@@ -22,8 +21,7 @@ from studio import actions
 from trainyard.metrics import MetricsLogger
 from trainyard.protocol import EVENTS_STREAM, LOGS_STREAM, METRICS_STREAM, SYSTEM_STREAM, key
 
-urlpatterns = [path("api/v1/", include("jobs.metrics_urls")), path("", include("studio.urls"))]
-pytestmark = [pytest.mark.urls(__name__), pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
 @dataclass

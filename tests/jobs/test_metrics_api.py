@@ -9,7 +9,6 @@ from datetime import UTC, datetime
 
 import pytest
 from django.db import transaction
-from django.urls import include, path
 
 from datasets.storage import object_uri, store_for
 from jobs.metrics import downsample, metrics_redis, rollups
@@ -17,10 +16,6 @@ from jobs.metrics.logs import log_uri
 from jobs.metrics.store import MetricEntry, write_points
 from jobs.models import JobStatus, MetricPoint, SystemMetric, TrainingJob
 from trainyard.protocol import LOGS_STREAM, key
-
-# The metrics routes on top of the project's, whether or not studio.urls includes them yet.
-urlpatterns = [path("api/v1/", include("jobs.metrics_urls")), path("", include("studio.urls"))]
-pytestmark = pytest.mark.urls(__name__)
 
 AT = datetime(2024, 1, 1, tzinfo=UTC)
 

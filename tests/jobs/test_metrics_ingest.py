@@ -295,7 +295,7 @@ def test_flusher_command_writes_points_and_drains_on_sigterm(transactional_db, p
 
 
 def test_flusher_is_a_child_of_studio_up():
-    from studio.management.commands.studio import _child_specs
+    from trainyard_site.management.commands.studio import _child_specs
 
     specs = _child_specs(host="127.0.0.1", port=8000, nodes=1, env={})
     flusher = next(spec for spec in specs if spec.name == "flusher")

@@ -1,4 +1,4 @@
-"""Tuning job pages, included under /tuning/ by studio/page_urls.py."""
+"""Tuning job pages; included under /tuning/ by trainyard_site.urls."""
 
 from django.urls import path
 

@@ -1,4 +1,4 @@
-"""The review pages; included under /review/ by studio.page_urls."""
+"""The review pages; included under /review/ by trainyard_site.urls."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The hosting pages (models, endpoints, batch predictions); included under /models/ by
-studio.page_urls."""
+trainyard_site.urls."""
 
 from __future__ import annotations
 

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class TrainyardSiteConfig(AppConfig):
+    name = "trainyard_site"
+    verbose_name = "Trainyard site"
