@@ -126,7 +126,8 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 # Tasks are acknowledged after they run so a worker killed mid-task does not lose it.
 # The visibility timeout is longer than any control task; training jobs are owned through
-# leases in the database, not through the broker (ARCHITECTURE.md).
+# leases in the database, not through the broker (docs/SPEC.md §3.6), so a run that
+# outlasts the visibility timeout is never started twice.
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
