@@ -13,7 +13,7 @@ Reads are lean (values_list, no serializers): a chart asks for these on every pa
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal, overload
 
 from django.db import connection
 from django.db.models import Count, Max, Min
@@ -57,6 +57,10 @@ def int_param(request: Request, name: str, default: int | None, *, minimum: int 
     return value
 
 
+@overload
+def rank_param(request: Request, *, allow_all: Literal[False]) -> int: ...
+@overload
+def rank_param(request: Request, *, allow_all: bool) -> int | None: ...
 def rank_param(request: Request, *, allow_all: bool) -> int | None:
     """A rank number, or None for "all" where allowed."""
     raw = request.query_params.get("rank", "0")
@@ -227,7 +231,7 @@ class JobStreamView(APIView):
                    204: OpenApiResponse(description="Resumed on a finished job with nothing new: EventSource stops.")},
         description="Server-sent events: status, metric, log, system. Each event id resumes the stream exactly after it.",
     )
-    def get(self, request: Request, pk: int) -> HttpResponse:
+    def get(self, request: Request, pk: int) -> HttpResponse | StreamingHttpResponse:
         job = get_job_for_user(request.user, pk)
         redis = redis_client()
         raw_id = request.META.get("HTTP_LAST_EVENT_ID") or request.query_params.get("last_event_id")

@@ -115,9 +115,9 @@ def job_status(job_id: int) -> dict[str, Any] | None:
            .values("status", "failure_reason", "stop_reason", "finished_at", "final_metrics").first())
     if row is None:
         return None
-    row["finished"] = row["status"] in ("Completed", "Stopped", "Failed")
-    row["finished_at"] = row["finished_at"].isoformat() if row["finished_at"] else None
-    return row
+    finished_at = row["finished_at"]
+    return {**row, "finished": row["status"] in ("Completed", "Stopped", "Failed"),
+            "finished_at": finished_at.isoformat() if finished_at else None}
 
 
 def _status_between_reads(job_id: int) -> dict[str, Any] | None:

@@ -25,7 +25,7 @@ Maintenance (jobs.metrics.store, in the transaction that writes the points):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,7 +164,7 @@ def merge_chunks(job_id: int, name: str, rank: int, new: Chunks) -> None:
         return
     rows = new.rows()
     numbers = [chunk for chunk, _ in rows]
-    stored: dict[int, ChunkFields] = {}
+    stored: dict[int, Mapping[str, Any]] = {}
     for start in range(0, len(numbers), IN_BATCH):  # SQLite's cap on host parameters
         stored.update({c["chunk"]: c for c in MetricChunk.objects.filter(
             job_id=job_id, name=name, rank=rank, chunk__in=numbers[start:start + IN_BATCH]).values()})

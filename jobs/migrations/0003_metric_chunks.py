@@ -13,7 +13,7 @@ CHUNK_BITS = 8
 def summarize(points):
     """[(step, value)] in step order → {chunk: fields}: count, first, last and the
     earliest points holding the minimum and maximum value (NaN ignored)."""
-    chunks = {}
+    chunks: dict[int, dict] = {}
     for step, value in points:
         chunk = step >> CHUNK_BITS
         c = chunks.get(chunk)
