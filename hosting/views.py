@@ -17,6 +17,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
+from datasets.pickers import ready_versions
 from hosting import actions
 from hosting.access import get_endpoint_for_user, get_model_for_user
 from hosting.actions import HostingError
@@ -24,9 +25,10 @@ from hosting.flows import flows_of_project
 from hosting.invocation import flush_invocation_counts
 from hosting.models import BatchPrediction, Endpoint, Model, ModelKind, ModelVersion
 from jobs.models import JobStatus, TrainingJob
-from jobs.views import can_write_in, key_metric, ready_versions
+from jobs.summary import key_metric
 from studio.access import Forbidden
 from studio.models import Project
+from studio.pages import can_write_in
 from studio.views import page, project_roles, readable_projects
 
 REGISTER_CHOICES = 200  # the newest completed jobs offered in the register form

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -25,7 +25,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.text import slugify
 
-from datasets.models import Dataset, DatasetVersion, VersionStatus
+from datasets.models import Dataset
+from datasets.pickers import ready_versions
 from datasets.storage import StorageError, download_response, join_uri, store_for
 from jobs.access import get_job_for_user
 from jobs.forms import DISTRIBUTION_HELP, JobForm, clone_initial
@@ -33,8 +34,10 @@ from jobs.models import Distribution, JobAttempt, JobEvent, JobInput, JobStatus,
 from jobs.reports import fsdp_report, partition_report
 from jobs.runner.process.launch import describe_exit
 from jobs.serializers import STOPPABLE
+from jobs.summary import key_metric, metric_sort_key
 from jobs.validation_size import validation_records
 from studio.models import Project
+from studio.pages import can_write_in, duration_text
 from studio.views import current_project, page, project_roles, readable_projects
 
 log = logging.getLogger(__name__)
@@ -55,58 +58,12 @@ SCRIPT_FILTER = "script"  # the algorithm filter's value for "custom scripts"
 
 
 # --- shared helpers -----------------------------------------------------------------------
-def duration_text(seconds: float | None) -> str:
-    """42 → "42 s", 312 → "5 min 12 s", 7380 → "2 h 3 min"; None → "—"."""
-    if seconds is None:
-        return "—"
-    seconds = max(0, int(seconds))
-    if seconds < 60:
-        return f"{seconds} s"
-    minutes, seconds = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes} min {seconds} s" if seconds else f"{minutes} min"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
-    return f"{hours // 24} days {hours % 24} h"
-
-
 def run_seconds(job: TrainingJob, now: datetime | None = None) -> float | None:
     """Wall time from the first launch to the end (or to now while it runs)."""
     if job.started_at is None:
         return None
     end = job.finished_at or now or timezone.now()
     return (end - job.started_at).total_seconds()
-
-
-def metric_sort_key(name: str) -> tuple[int, str]:
-    """Losses first, then accuracies, then the rest: the charts people look at first."""
-    lowered = name.lower()
-    rank = 0 if "loss" in lowered else 1 if "acc" in lowered else 2
-    return rank, lowered
-
-
-def key_metric(job: TrainingJob) -> tuple[str, Any] | None:
-    """The final metric a list row shows: the algorithm's objective when the job reported
-    it, else the first validation metric, else the first one."""
-    metrics = job.final_metrics or {}
-    if not metrics:
-        return None
-    from algorithms import get_algorithm
-
-    spec = get_algorithm(job.algorithm) if job.algorithm else None
-    objective = spec.default_objective.get("metric") if spec else None
-    if objective and objective in metrics:
-        return objective, metrics[objective]
-    for name in sorted(metrics, key=metric_sort_key):
-        if name.startswith("validation"):
-            return name, metrics[name]
-    name = sorted(metrics, key=metric_sort_key)[0]
-    return name, metrics[name]
-
-
-def can_write_in(request: HttpRequest, project_id: int) -> bool:
-    return any(entry.project.pk == project_id and entry.can_write for entry in project_roles(request))
 
 
 def _with_tag(jobs: QuerySet[TrainingJob], tag: str) -> QuerySet[TrainingJob]:
@@ -206,25 +163,6 @@ def job_list(request: HttpRequest) -> HttpResponse:
 
 
 # --- create / clone -------------------------------------------------------------------------
-def ready_versions(projects: Iterable[Project]) -> list[dict]:
-    """Every ready version of these projects (by dataset, newest first) for the channel pickers,
-    with the facts the form checks each algorithm against (algorithms.base.data_problem)."""
-    from algorithms.base import DataFacts
-
-    versions = list(DatasetVersion.objects.filter(dataset__project__in=list(projects), status=VersionStatus.READY)
-                    .select_related("dataset__project")
-                    .only("id", "version", "num_records", "format", "created_at", "dataset__id", "dataset__name",
-                          "dataset__project__slug", "schema", "text_column", "requested_options")
-                    .order_by("dataset__name", "-version"))
-    # A detected format matches the file extensions by construction; only a version whose
-    # format was chosen (or is not known to have been detected) needs its file list read.
-    forced = [v.pk for v in versions if (v.requested_options or {}).get("format") or not v.requested_options]
-    files = dict(DatasetVersion.objects.filter(pk__in=forced).values_list("pk", "files")) if forced else {}
-    return [{"id": v.pk, "project": v.dataset.project.slug, "dataset": v.dataset.name, "dataset_id": v.dataset.pk,
-             "version": v.version, "records": v.num_records, "format": v.format, "text_column": v.text_column,
-             "facts": DataFacts.of(v, files=files.get(v.pk, [])).as_json()} for v in versions]
-
-
 def _clone_payload(job: TrainingJob) -> dict:
     """What the form's script needs to pre-fill the generated fields of a clone."""
     return {
@@ -444,20 +382,6 @@ def parse_ids(values: list[str]) -> list[int] | None:
 class CompareRow:
     name: str
     values: list[Any]
-
-
-def shown_value(value: Any, *, digits: int | None = None) -> str:
-    """A hyperparameter or metric as people typed or read it: 0.0001 stays 0.0001 (not
-    1.000e-04), booleans as JSON writes them, "—" for none. `digits` rounds metrics."""
-    if value is None or value == "":
-        return "—"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, float):
-        return f"{value:.{digits}g}" if digits else repr(value)
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, sort_keys=True)
-    return str(value)
 
 
 def differing_rows(dicts: list[dict]) -> list[CompareRow]:

@@ -24,7 +24,6 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from datasets.models import DatasetVersion, SourceKind
-from jobs.views import can_write_in, duration_text
 from review.actions.teams import create_flow_definition, create_work_team
 from review.api_stats import get_flow_for_reader
 from review.consolidation import NO_CONSENSUS
@@ -45,6 +44,7 @@ from review.serializers import FlowDefinitionCreateSerializer, claim_json
 from review.stats import flow_stats
 from studio.access import check_role
 from studio.models import Membership
+from studio.pages import can_write_in, duration_text
 from studio.views import page, project_roles, readable_projects, reviewer_only
 
 LOOPS_SHOWN = 200

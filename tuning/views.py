@@ -22,10 +22,11 @@ from django.urls import reverse
 from django.utils import timezone
 
 from datasets.models import DatasetVersion
+from datasets.pickers import ready_versions
 from jobs.access import get_job_for_user
 from jobs.models import FINISHED_STATUSES, Node, TrainingJob
-from jobs.views import can_write_in, duration_text, ready_versions, shown_value
 from studio.models import Project
+from studio.pages import can_write_in, duration_text, shown_value
 from studio.views import current_project, page, project_roles, readable_projects
 from tuning import analysis
 from tuning.access import get_tuning_job_for_user
