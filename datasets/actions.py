@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -272,26 +273,20 @@ class VersionUse:
     kept_by: str = ""
 
 
+# The apps whose rows read a version (jobs' inputs, hosting's batch predictions) each
+# register a finder in their AppConfig.ready(), in INSTALLED_APPS order; datasets imports neither.
+VersionUseFinder = Callable[[DatasetVersion], list[VersionUse]]
+_use_finders: list[VersionUseFinder] = []
+
+
+def register_version_uses(finder: VersionUseFinder) -> None:
+    if finder not in _use_finders:
+        _use_finders.append(finder)
+
+
 def version_uses(version: DatasetVersion) -> list[VersionUse]:
-    """What reads this version (a job's input, a batch prediction's data), first few only."""
-    from django.urls import reverse
-
-    from hosting.models import BatchPrediction, ModelVersion
-    from jobs.models import JobInput
-
-    jobs = list(JobInput.objects.filter(dataset_version=version).order_by("job_id")
-                .values_list("job_id", "job__name")[:5])
-    models: dict[int, list[str]] = {}
-    for job_id, model, number in (ModelVersion.objects.filter(job_id__in=[pk for pk, _ in jobs])
-                                  .order_by("model__name", "version").values_list("job_id", "model__name", "version")):
-        models.setdefault(job_id, []).append(f"model '{model}' v{number}")
-    uses = [VersionUse("training job", name, reverse("job-detail", args=[pk]),
-                       f"kept because {', '.join(models[pk])} came from it" if pk in models else "")
-            for pk, name in jobs]
-    uses += [VersionUse("batch prediction", f"{pk} (model {model} v{number})", reverse("model-detail", args=[model_id]))
-             for pk, model_id, model, number in BatchPrediction.objects.filter(dataset_version=version).order_by("pk")
-             .values_list("pk", "model_version__model_id", "model_version__model__name", "model_version__version")[:5]]
-    return uses
+    """What reads this version (a job's input, a batch prediction's data), first few of each."""
+    return [use for finder in _use_finders for use in finder(version)]
 
 
 class VersionInUse(Exception):

@@ -134,9 +134,3 @@ class DatasetVersion(models.Model):
 
     def is_ready(self) -> bool:
         return self.status == VersionStatus.READY
-
-    def is_in_use(self) -> bool:
-        """True while a training job reads this version (deletion is refused then)."""
-        from jobs.models import job_uses_dataset_version
-
-        return job_uses_dataset_version(self.pk)

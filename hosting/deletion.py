@@ -16,12 +16,31 @@ from __future__ import annotations
 from django.db import transaction
 from django.urls import reverse
 
+from datasets.actions import VersionUse
+from datasets.models import DatasetVersion
 from hosting.models import BatchPrediction, BatchStatus, Endpoint, Model, ModelVersion
+from jobs.deletion import KeptBy
 from studio.deletion import Blocker, DeletionBlocked, DeletionPlan, plural, record_objects
 
 
 def endpoint_url(endpoint: Endpoint) -> str:
     return reverse("endpoint-detail", args=[endpoint.name])
+
+
+def versions_from_jobs(job_ids: list[int]) -> list[KeptBy]:
+    """The model versions made from these jobs, which keep them; registered with
+    jobs.deletion by HostingConfig.ready()."""
+    return [KeptBy(job_id=job_id, model=model, version=number, url=reverse("model-detail", args=[model_id]))
+            for job_id, model_id, model, number in ModelVersion.objects.filter(job_id__in=job_ids)
+            .order_by("model__name", "version").values_list("job_id", "model_id", "model__name", "version")]
+
+
+def batch_prediction_uses(version: DatasetVersion) -> list[VersionUse]:
+    """The batch predictions that read a dataset version (first five); registered with
+    datasets.actions by HostingConfig.ready()."""
+    return [VersionUse("batch prediction", f"{pk} (model {model} v{number})", reverse("model-detail", args=[model_id]))
+            for pk, model_id, model, number in BatchPrediction.objects.filter(dataset_version=version).order_by("pk")
+            .values_list("pk", "model_version__model_id", "model_version__model__name", "model_version__version")[:5]]
 
 
 def _version_blockers(versions: list[ModelVersion]) -> list[Blocker]:

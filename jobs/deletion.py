@@ -14,16 +14,64 @@ Rules:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from jobs.models import JobEvent, MetricPoint, SystemMetric, TrainingJob
+from datasets.actions import VersionUse
+from datasets.models import DatasetVersion
+from jobs.models import JobEvent, JobInput, MetricPoint, SystemMetric, TrainingJob
 from studio.deletion import Blocker, DeletionBlocked, DeletionPlan, count_objects, owned_uri, plural, record_objects
 
 
 def job_url(job: TrainingJob) -> str:
     return reverse("job-detail", args=[job.pk])
+
+
+@dataclass(frozen=True)
+class KeptBy:
+    """A model version that came from a job, which keeps the job (archived, never erased)."""
+
+    job_id: int
+    model: str
+    version: int
+    url: str  # the model's page
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} v{self.version}"
+
+
+# hosting registers the finder of model versions made from jobs in its AppConfig.ready(), so
+# jobs imports nothing of hosting. A finder takes job ids and returns their keepers, ordered
+# by model name and version.
+KeeperFinder = Callable[[list[int]], list[KeptBy]]
+_keeper_finders: list[KeeperFinder] = []
+
+
+def register_job_keepers(finder: KeeperFinder) -> None:
+    if finder not in _keeper_finders:
+        _keeper_finders.append(finder)
+
+
+def kept_by(job_ids: list[int]) -> list[KeptBy]:
+    return [keeper for finder in _keeper_finders for keeper in finder(job_ids)]
+
+
+def training_job_uses(version: DatasetVersion) -> list[VersionUse]:
+    """The jobs that read a dataset version (first five), each saying which model versions
+    keep it; registered with datasets.actions by JobsConfig.ready()."""
+    jobs = list(JobInput.objects.filter(dataset_version=version).order_by("job_id")
+                .values_list("job_id", "job__name")[:5])
+    models: dict[int, list[str]] = {}
+    for keeper in kept_by([pk for pk, _ in jobs]):
+        models.setdefault(keeper.job_id, []).append(f"model '{keeper.model}' v{keeper.version}")
+    return [VersionUse("training job", name, reverse("job-detail", args=[pk]),
+                       f"kept because {', '.join(models[pk])} came from it" if pk in models else "")
+            for pk, name in jobs]
 
 
 def _checkpoint_uri(job: TrainingJob) -> str:
@@ -74,8 +122,6 @@ def _size(num_bytes: int) -> str:
 
 
 def job_deletion_plan(job: TrainingJob) -> DeletionPlan:
-    from hosting.models import ModelVersion
-
     plan = DeletionPlan(what=f"job {job.pk} '{job.name}'")
     if not job.is_finished():
         plan.blockers.append(Blocker(f"Job '{job.name}' is {job.status}: stop it first, then delete it.",
@@ -85,14 +131,13 @@ def job_deletion_plan(job: TrainingJob) -> DeletionPlan:
         plan.blockers.append(Blocker(
             f"Job '{job.name}' is trial {job.trial_number} of tuning job '{tuning.name}': delete the tuning job "
             "instead (its trials go with it).", name=tuning.name, url=reverse("tuning-detail", args=[tuning.pk])))
-    versions = list(ModelVersion.objects.filter(job=job).select_related("model").order_by("model__name", "version"))
-    if versions:
+    keepers = kept_by([job.pk])
+    if keepers:
         plan.archive = True
-        names = ", ".join(f"{v.model.name} v{v.version}" for v in versions)
+        names = ", ".join(k.label for k in keepers)
         plan.archive_reason = (f"Model {names} came from this job, so it is archived instead: it leaves the jobs list, "
                                "and its artifacts, logs and metrics stay for the model's history.")
-        plan.archive_links = [Blocker(f"{v.model.name} v{v.version}", name=v.model.name,
-                                      url=reverse("model-detail", args=[v.model_id])) for v in versions]
+        plan.archive_links = [Blocker(k.label, name=k.model, url=k.url) for k in keepers]
         return plan
     counts, plan.uris = job_outputs(job)
     points = MetricPoint.objects.filter(job=job).count()
