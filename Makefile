@@ -25,8 +25,9 @@ test: venv
 	$(PY) -m studio.embedded_redis -- $(PY) -m pytest $(PYTEST_ARGS)
 
 lint: venv
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy studio datasets jobs hosting review trainyard algorithms tuning
+	$(VENV)/bin/mypy studio datasets jobs hosting review trainyard algorithms tuning overview trainyard_site
 
 bench: venv
 	$(PY) bench/datasets.py
