@@ -72,7 +72,7 @@
   function versionsOfProject() { return api.versionsOfProject(form, data.versions); }
 
   // --- which data an algorithm can use ---------------------------------------------------
-  // Mirrors data_problem in jobs/algorithms/base.py (same checks, same words), so the form
+  // Mirrors data_problem in algorithms/base.py (same checks, same words), so the form
   // marks a version the API would refuse for this channel: {message, short} or null.
   var FORMAT_NAMES = { csv: "CSV", jsonl: "JSON Lines", image_folder: "image folders", text: "plain text" };
   var LABEL_NAMES = ["label", "target", "class", "y", "category"];
