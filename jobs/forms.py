@@ -11,7 +11,6 @@ from typing import Any
 from django import forms
 
 from jobs.actions import tags_for_clone
-from jobs.models import TrainingJob
 from jobs.serializers import AVAILABLE_DISTRIBUTIONS, MAX_RUNTIME_LIMIT, PIPELINE_SCHEDULES
 from studio.models import Project
 
@@ -89,28 +88,30 @@ class JobForm(forms.Form):
         instance_type.choices = [(t, t) for t in types]
 
 
-def clone_initial(job: TrainingJob, writable_slugs: list[str]) -> dict[str, Any]:
-    """The fixed fields of a clone. The project stays the same when the user may write
-    there; otherwise the first project they can write to (inputs then need picking again)."""
-    checkpoint = job.checkpoint or {}
+def clone_initial(submission: dict[str, Any], writable_slugs: list[str]) -> dict[str, Any]:
+    """The fixed fields of a clone, from the source job's submission (as_submission). The
+    project stays the same when the user may write there; otherwise the first project they
+    can write to (inputs then need picking again). The name gains "-clone" and a tuning
+    trial's `tuning:<id>` tag is not carried."""
+    resources, stopping, checkpoint = submission["resources"], submission["stopping"], submission["checkpoint"] or {}
     return {
-        "project": job.project.slug if job.project.slug in writable_slugs else writable_slugs[0],
-        "name": f"{job.name}-clone"[:200],
-        "algorithm": job.algorithm,
-        "entry_point": job.entry_point,
-        "instance_type": job.instance_type,
-        "instance_count": job.instance_count,
-        "processes_per_node": (job.resources or {}).get("processes_per_node"),
-        "distribution": job.distribution,
-        "max_runtime_seconds": job.max_runtime_seconds,
+        "project": submission["project"] if submission["project"] in writable_slugs else writable_slugs[0],
+        "name": f"{submission['name']}-clone"[:200],
+        "algorithm": submission["algorithm"],
+        "entry_point": (submission["script"] or {}).get("entry_point", ""),
+        "instance_type": resources.get("instance_type", "cpu"),
+        "instance_count": int(resources.get("instance_count", 1)),
+        "processes_per_node": resources.get("processes_per_node"),
+        "distribution": submission["distribution"],
+        "max_runtime_seconds": int(stopping["max_runtime_seconds"]) if stopping.get("max_runtime_seconds") else None,
         "checkpoint_every_steps": checkpoint.get("every_steps") or None,
         "checkpoint_uri": checkpoint.get("uri", ""),
-        "tags": ", ".join(tags_for_clone(job.tags or [])),
-        "environment": "\n".join(f"{key}={value}" for key, value in sorted((job.environment or {}).items())),
-        "retries": job.retries,
-        "keep_alive_seconds": job.keep_alive_seconds,
-        "priority": job.priority,
-        **pipeline_initial(job.pipeline or {}),
+        "tags": ", ".join(tags_for_clone(submission["tags"])),
+        "environment": "\n".join(f"{key}={value}" for key, value in sorted(submission["environment"].items())),
+        "retries": submission["retries"],
+        "keep_alive_seconds": submission["keep_alive_seconds"],
+        "priority": submission["priority"],
+        **pipeline_initial(submission["pipeline"] or {}),
     }
 
 

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from django.conf import settings
 from django.db import models
@@ -149,6 +149,31 @@ class TrainingJob(models.Model):
     def max_runtime_seconds(self) -> int | None:
         value = self.stopping.get("max_runtime_seconds")
         return int(value) if value else None
+
+    def as_submission(self) -> dict[str, Any]:
+        """The job in the shape POST /api/v1/projects/<project>/training-jobs/ accepts:
+        submitting it makes a job with the same settings. Clone, tune-this and retrain start
+        from it and change what they change. Reads the project and the inputs (prefetch
+        `inputs` when doing this for many jobs)."""
+        return {
+            "project": self.project.slug,
+            "name": self.name,
+            "algorithm": self.algorithm,
+            "script": {"uri": self.script_uri, "entry_point": self.entry_point} if self.script_uri else None,
+            "hyperparameters": dict(self.hyperparameters or {}),
+            "inputs": {i.channel: {"dataset_version": i.dataset_version_id, "mode": i.mode} for i in self.inputs.all()},
+            "resources": dict(self.resources or {}),
+            "distribution": self.distribution,
+            "pipeline": dict(self.pipeline) if self.pipeline else None,
+            "priority": self.priority,
+            "stopping": dict(self.stopping or {}),
+            "checkpoint": dict(self.checkpoint) if self.checkpoint else None,
+            "keep_alive_seconds": self.keep_alive_seconds,
+            "retries": self.retries,
+            "metric_definitions": list(self.metric_definitions or []),
+            "environment": dict(self.environment or {}),
+            "tags": list(self.tags or []),
+        }
 
 
 class JobEvent(models.Model):

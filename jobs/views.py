@@ -163,16 +163,16 @@ def job_list(request: HttpRequest) -> HttpResponse:
 
 
 # --- create / clone -------------------------------------------------------------------------
-def _clone_payload(job: TrainingJob) -> dict:
+def _clone_payload(job_id: int, submission: dict) -> dict:
     """What the form's script needs to pre-fill the generated fields of a clone."""
     return {
-        "id": job.pk,
-        "name": job.name,
-        "algorithm": job.algorithm,
-        "script": {"uri": job.script_uri, "entry_point": job.entry_point} if job.script_uri else None,
-        "hyperparameters": job.hyperparameters,
-        "inputs": {i.channel: {"dataset_version": i.dataset_version_id, "mode": i.mode} for i in job.inputs.all()},
-        "metric_definitions": job.metric_definitions,
+        "id": job_id,
+        "name": submission["name"],
+        "algorithm": submission["algorithm"],
+        "script": submission["script"],
+        "hyperparameters": submission["hyperparameters"],
+        "inputs": submission["inputs"],
+        "metric_definitions": submission["metric_definitions"],
     }
 
 
@@ -197,7 +197,8 @@ def job_create(request: HttpRequest) -> HttpResponse:
     largest_cpus = {t: max((n["cpus"] for n in nodes if n["instance_type"] == t), default=None) for t in instance_types}
     chosen = current_project(request)
     default_project = chosen.slug if chosen and chosen in writable else writable[0].slug
-    initial = clone_initial(clone, [p.slug for p in writable]) if clone else {"project": default_project}
+    submission = clone.as_submission() if clone else None
+    initial = clone_initial(submission, [p.slug for p in writable]) if submission else {"project": default_project}
     form = JobForm(initial=initial, projects=writable, algorithms=ALGORITHMS, instance_types=instance_types)
     return render(request, "jobs/form.html", {
         "form": form,
@@ -205,7 +206,7 @@ def job_create(request: HttpRequest) -> HttpResponse:
         "form_data": {
             "algorithms": [spec.as_json() for spec in ALGORITHMS.values()],
             "versions": ready_versions(writable),
-            "clone": _clone_payload(clone) if clone else None,
+            "clone": _clone_payload(clone.pk, submission) if clone and submission else None,
             "largest_cpus": largest_cpus,
             "distribution_help": DISTRIBUTION_HELP,
             "job_url_base": reverse("job-detail", args=[0]).removesuffix("0/"),
