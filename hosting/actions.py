@@ -33,7 +33,7 @@ ALGORITHM_KINDS = {
     "char-lm": ModelKind.GENERATIVE,
 }
 # Which dataset formats a batch prediction can read records from, per model kind.
-BATCH_FORMATS = {
+BATCH_FORMATS: dict[str, tuple[str, ...]] = {
     ModelKind.TABULAR: ("csv", "jsonl"),
     ModelKind.TEXT: ("csv", "jsonl", "text"),
     ModelKind.IMAGE: ("image_folder",),

@@ -46,4 +46,5 @@ def send_predictions(sender: type[models.Model], flow: Any, items: Sequence[tupl
         return []
     responses = predictions_made.send(sender, flow=flow, items=items, source=source, model_version=model_version,
                                       first_record=first_record)
-    return [name for _receiver, names in responses for name in names]
+    # django-stubs types a receiver's answer as str | None; it is what the receiver returns (loop names).
+    return [name for _receiver, names in responses for name in names]  # type: ignore[union-attr]

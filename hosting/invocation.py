@@ -67,10 +67,11 @@ def endpoint_for_invocation(user, name: str) -> Endpoint | None:
     endpoint.model_version = version
     endpoint.flow_definition = None  # (assigning the relation sets flow_definition_id too)
     if row[3] is not None:
-        # Only what the receivers of predictions_made read (hosting.flows).
-        endpoint.flow_definition = flow_model()(id=row[3], name=row[13], project_id=row[14],
-                                                activation=json_column(row[15]), task_count=row[16],
-                                                task_availability_seconds=row[17])
+        # Only what the receivers of predictions_made read (hosting.flows). A FlowDefinition,
+        # built through the relation's model because hosting does not import review.
+        flow = flow_model()(id=row[3], name=row[13], project_id=row[14], activation=json_column(row[15]),
+                            task_count=row[16], task_availability_seconds=row[17])
+        endpoint.flow_definition = flow  # type: ignore[assignment]
     return endpoint
 
 

@@ -39,9 +39,10 @@ def node_rows(nodes: list[Node], readable: set[int]) -> list[NodeRow]:
     now = timezone.now()
     rows = []
     for node in nodes:
-        job = node.current_job if node.current_job_id and node.current_job.project_id in readable else None
+        current, warm_from = node.current_job, node.warm_from_job  # a null relation is None without a query
+        job = current if current is not None and current.project_id in readable else None
         warm_project = node.warm_project if node.warm_project_id in readable else None
-        warm_from_job = node.warm_from_job if node.warm_from_job_id and node.warm_from_job.project_id in readable else None
+        warm_from_job = warm_from if warm_from is not None and warm_from.project_id in readable else None
         rows.append(NodeRow(node=node, state=shown_state(node, now), silent=silent_not_swept(node, now), job=job,
                             warm_project=warm_project, warm_from_job=warm_from_job,
                             warm_expires_in=warm_expires_in(node, now)))

@@ -397,9 +397,9 @@ def source_job_of(version: DatasetVersion):
                                               model_version__isnull=False)
                      .exclude(consolidated_label__in=["", NO_CONSENSUS]).values_list("model_version_id", flat=True))
     for model_version_id, _count in counts.most_common():
-        job = ModelVersion.objects.filter(pk=model_version_id, job__isnull=False).select_related("job").first()
-        if job is not None:
-            return job.job
+        model_version = ModelVersion.objects.filter(pk=model_version_id, job__isnull=False).select_related("job").first()
+        if model_version is not None:
+            return model_version.job
     raise ReviewError("dataset_version", "No source job: the exported loops did not come from a registered model's job.")
 
 

@@ -83,7 +83,7 @@ WITH candidate AS (
 SELECT held.id, moved.id, moved.name, moved.input_content, moved.prediction
 FROM held JOIN moved ON moved.id = held.loop_id
 """
-_CLAIM_ORDER = {LoopOrder.OLDEST: "l.created_at, l.id", LoopOrder.LEAST_CONFIDENT: "l.confidence ASC NULLS LAST, l.id"}
+_CLAIM_ORDER: dict[str, str] = {LoopOrder.OLDEST: "l.created_at, l.id", LoopOrder.LEAST_CONFIDENT: "l.confidence ASC NULLS LAST, l.id"}
 
 
 @cache

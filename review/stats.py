@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict
 
 from django.db import connection
-from django.db.models import Aggregate, Avg, Count, DurationField, ExpressionWrapper, F, FloatField, Func, Min, Q, QuerySet, Sum
+from django.db.models import Aggregate, Avg, Count, DurationField, ExpressionWrapper, F, FloatField, Func, Min, Q, Sum
 from django.db.models.fields.json import KT
 from django.db.models.functions import TruncHour
 from django.utils import timezone
@@ -97,7 +97,7 @@ def median_seconds_to_complete(flow: FlowDefinition) -> float | None:
         value = completed.aggregate(median=Median(seconds))["median"]
         return float(value) if value is not None else None
     pairs = completed.values_list("created_at", "completed_at")
-    return _median([(done - created).total_seconds() for created, done in pairs])
+    return _median([(done - created).total_seconds() for created, done in pairs if done is not None])
 
 
 def reviewer_throughput(flow: FlowDefinition) -> list[ReviewerStats]:
@@ -113,7 +113,8 @@ def reviewer_throughput(flow: FlowDefinition) -> list[ReviewerStats]:
     else:
         spent: dict[int, list[float]] = defaultdict(list)
         for worker_id, seconds in answered.exclude(time_spent_seconds=None).values_list("worker_id", "time_spent_seconds"):
-            spent[worker_id].append(seconds)
+            if seconds is not None:
+                spent[worker_id].append(seconds)
         medians = {worker_id: _median(values) for worker_id, values in spent.items()}
     rows: list[ReviewerStats] = []
     for row in grouped:
@@ -135,6 +136,8 @@ def agreement(flow: FlowDefinition) -> dict[str, Any]:
     mean = measured.aggregate(mean=Avg("agreement"))["mean"]
     counts: dict[float, int] = defaultdict(int)
     for value, n in measured.values("agreement").annotate(n=Count("id")).values_list("agreement", "n"):
+        if value is None:
+            continue
         counts[round(value, 4)] += n  # floats from different divisions (2/3 vs 4/6) land in one bucket
     return {
         "mean": round(mean, 4) if mean is not None else None,
@@ -157,7 +160,7 @@ def model_vs_human(flow: FlowDefinition) -> dict[str, Any]:
     if flow.task_type != TaskType.CLASSIFICATION:
         return {"compared": 0, "matches": 0, "accuracy": None,
                 "confusion": {"model_labels": [], "human_labels": [], "matrix": []}}
-    compared: QuerySet[HumanLoop] = (
+    compared = (
         flow.human_loops.filter(status=LoopStatus.COMPLETED).exclude(consolidated_label="")
         .exclude(consolidated_label=NO_CONSENSUS).filter(prediction__label__isnull=False)
         .annotate(model_label=KT("prediction__label"))

@@ -72,11 +72,14 @@ class TuningForm(forms.Form):
 
     def __init__(self, *args: Any, projects: list[Project], algorithms: dict, instance_types: list[str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["project"].choices = [(p.slug, f"{p.name} ({p.slug})" if p.name != p.slug else p.slug) for p in projects]
-        self.fields["algorithm"].choices = [(name, f"{spec.title} ({name})") for name, spec in algorithms.items()]
+        project, algorithm, instance_type = self.fields["project"], self.fields["algorithm"], self.fields["instance_type"]
+        assert isinstance(project, forms.ChoiceField) and isinstance(algorithm, forms.ChoiceField)
+        assert isinstance(instance_type, forms.ChoiceField)
+        project.choices = [(p.slug, f"{p.name} ({p.slug})" if p.name != p.slug else p.slug) for p in projects]
+        algorithm.choices = [(name, f"{spec.title} ({name})") for name, spec in algorithms.items()]
         wanted = self.initial.get("instance_type")
         types = list(instance_types) + ([wanted] if wanted and wanted not in instance_types else [])
-        self.fields["instance_type"].choices = [(t, t) for t in types]
+        instance_type.choices = [(t, t) for t in types]
 
 
 # --- "Tune this": a finished job's settings, with ranges around its values ---------------------

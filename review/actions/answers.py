@@ -93,7 +93,9 @@ def _answer_in_postgres(assignment_id: int, user, answer: dict) -> Assignment | 
         except ReviewError:
             return None  # the ORM path decides which error comes first (a 409 before a 400)
         now = timezone.now()
-        cursor.execute(sql.ANSWER, {"answer": Jsonb(clean), "now": now, "assignment": assignment_id, "loop": loop_id})
+        # Any: psycopg adapts Jsonb, which django-stubs' list of parameter types leaves out.
+        params: dict[str, Any] = {"answer": Jsonb(clean), "now": now, "assignment": assignment_id, "loop": loop_id}
+        cursor.execute(sql.ANSWER, params)
         done = cursor.fetchone()
         if done is None:
             return None
