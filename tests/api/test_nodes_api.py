@@ -11,6 +11,7 @@ from rest_framework.test import APIClient
 
 from jobs.models import JobStatus, Node, NodeState, TrainingJob
 from studio import actions
+from tests import factories
 
 LIST = "/api/v1/nodes/"
 
@@ -24,7 +25,7 @@ def make_node(name: str, **fields) -> Node:
 
 def make_job(project, name: str = "run", status: str = JobStatus.TRAINING, instance_type: str | None = "cpu") -> TrainingJob:
     resources = {"instance_type": instance_type, "instance_count": 1} if instance_type else {}
-    return TrainingJob.objects.create(project=project, name=name, status=status, resources=resources)
+    return factories.make_job(project, name=name, status=status, resources=resources)
 
 
 def by_name(body: dict) -> dict[str, dict]:

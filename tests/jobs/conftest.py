@@ -15,13 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from datasets.actions import VersionOptions, register_local_files
-from datasets.models import DatasetVersion, VersionStatus
+from datasets.models import DatasetVersion
 from datasets.storage import default_store, object_uri
-from datasets.validation_run import run_validation
-from jobs.models import FINISHED_STATUSES, JobAttempt, JobEvent, JobInput, JobStatus, Node, NodeState, TrainingJob
+from jobs.models import FINISHED_STATUSES, JobAttempt, JobStatus, Node, NodeState, TrainingJob
 from jobs.nodes import register_node
 from jobs.transitions import transition
+from tests import factories
 from tests.conftest import ROOT, wait_for, worker_env
 from trainyard.protocol import EVENTS_STREAM, LOGS_STREAM, METRICS_STREAM, SYSTEM_STREAM, key
 
@@ -121,22 +120,13 @@ def make_job(project) -> Callable[..., TrainingJob]:
     with its inputs, as submit_job would create it (output_uri, first timeline entry)."""
 
     def make(*, script: str = "", inputs: dict | None = None, **overrides) -> TrainingJob:
-        fields: dict = {
-            "project": project, "name": overrides.pop("name", f"job-{uuid.uuid4().hex[:6]}"),
-            "resources": {"instance_type": "cpu", "instance_count": 1, "processes_per_node": 1},
-        }
+        fields: dict = {"name": overrides.pop("name", f"job-{uuid.uuid4().hex[:6]}"),
+                        "resources": {"instance_type": "cpu", "instance_count": 1, "processes_per_node": 1}}
         if script:
             fields.update(script_uri=upload_script(script, project.slug), entry_point=script)
         fields.update(overrides)
-        job = TrainingJob.objects.create(**fields)
+        job = factories.make_job(fields.pop("project", project), inputs=inputs, submitted=True, **fields)
         clear_job_streams(job.pk)
-        if not job.output_uri:
-            job.output_uri = object_uri(f"jobs/{job.pk}")
-            job.save(update_fields=["output_uri"])
-        for channel, spec in (inputs or {}).items():
-            version, mode = spec if isinstance(spec, tuple) else (spec, "file")
-            JobInput.objects.create(job=job, channel=channel, dataset_version=version, mode=mode)
-        JobEvent.objects.create(job=job, status=JobStatus.PENDING, message="Submitted")
         return job
 
     return make
@@ -148,19 +138,8 @@ def make_version(project, tmp_path) -> Callable[..., DatasetVersion]:
 
     def make(files: dict[str, str | bytes], *, name: str = "", split: dict | None = None, format: str = "",
              delimiter: str = "") -> DatasetVersion:
-        folder = tmp_path / f"version-{uuid.uuid4().hex[:6]}"
-        local = {}
-        for relative, content in files.items():
-            path = folder / relative
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(content.encode() if isinstance(content, str) else content)
-            local[relative] = path
-        version, _ = register_local_files(project=project, name=name or folder.name, description="", user=None, files=local,
-                                          options=VersionOptions(format=format, split=split, delimiter=delimiter))
-        run_validation(version.pk)
-        version.refresh_from_db()
-        assert version.status == VersionStatus.READY, version.errors
-        return version
+        return factories.make_version(project, tmp_path, files, name=name, split=split, format=format,
+                                      delimiter=delimiter)
 
     return make
 

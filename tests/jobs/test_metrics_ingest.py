@@ -20,6 +20,7 @@ from django.db import connection
 from jobs.metrics import metrics_redis
 from jobs.metrics.ingest import ENTRY_BUDGET, FLUSHER_GROUP, Flusher, install_stop_handlers, job_keys, run_flusher
 from jobs.models import JobStatus, MetricChunk, MetricPoint, SystemMetric, TrainingJob
+from tests import factories
 from tests.conftest import ROOT, wait_for, worker_env
 from tests.jobs.test_metric_rollups import assert_chunks_match
 from trainyard.metrics import MetricsLogger
@@ -37,8 +38,7 @@ def make_job(project):
     made: list[int] = []
 
     def make(**overrides) -> TrainingJob:
-        job = TrainingJob.objects.create(project=project, name=overrides.pop("name", "run"),
-                                         status=overrides.pop("status", JobStatus.TRAINING), **overrides)
+        job = factories.make_job(project, **{"status": JobStatus.TRAINING, **overrides})
         clear_streams(job.pk)  # ids restart per test database; a stream may outlive its run
         made.append(job.pk)
         return job

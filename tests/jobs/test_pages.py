@@ -12,14 +12,13 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from datasets.actions import VersionOptions, register_local_files
 from datasets.storage import join_uri, object_uri, store_for
-from datasets.validation_run import run_validation
-from jobs.actions import submit_job
 from jobs.models import JobStatus, TrainingJob
 from jobs.transitions import transition
+from tests import factories
 
 XSS = "<script>alert('pwned')</script>"
+FLOWERS_CSV = "a,b,label\n" + "".join(f"{i},{i % 7},{'xy'[i % 2]}\n" for i in range(40))
 
 
 def login(user) -> Client:
@@ -29,14 +28,7 @@ def login(user) -> Client:
 
 
 def make_version(project, user, tmp_path: Path, name: str = "flowers", validate: bool = True):
-    path = tmp_path / f"{name}.csv"
-    path.write_text("a,b,label\n" + "".join(f"{i},{i % 7},{'xy'[i % 2]}\n" for i in range(40)))
-    version, _ = register_local_files(project=project, name=name, description="", user=user, files={"train.csv": path},
-                                      options=VersionOptions())
-    if validate:
-        assert run_validation(version.pk) == "ready"
-    version.refresh_from_db()
-    return version
+    return factories.make_version(project, tmp_path, {"train.csv": FLOWERS_CSV}, name=name, user=user, validate=validate)
 
 
 @pytest.fixture
@@ -44,16 +36,7 @@ def version(project, owner, tmp_path):
     return make_version(project, owner, tmp_path)
 
 
-def make_job(project, user, version, **overrides) -> TrainingJob:
-    """A job submitted through the real action (Pending), then moved with `status=`."""
-    status = overrides.pop("status", None)
-    data = {"name": "run", "algorithm": "tabular-classifier", "hyperparameters": {"epochs": 3},
-            "inputs": {"train": {"dataset_version": version.pk}}, **overrides}
-    job = submit_job(project=project, user=user, data=data)
-    if status:
-        TrainingJob.objects.filter(pk=job.pk).update(status=status, started_at=timezone.now())
-        job.refresh_from_db()
-    return job
+make_job = factories.submitted_job
 
 
 def rows_of(body: str, table_id: str) -> str:

@@ -17,6 +17,7 @@ from jobs.models import JobEvent, JobStatus, MetricChunk, MetricPoint, SystemMet
 from review.models import Assignment, AssignmentStatus, FlowDefinition, HumanLoop, WorkTeam
 from studio.deletion import run_deletion
 from studio.models import PendingDeletion
+from tests import factories
 from tuning.models import TuningJob, TuningStatus
 
 
@@ -39,8 +40,8 @@ def finish_pending_deletions() -> None:
 @pytest.fixture
 def make_job(project, owner):
     def make(name: str = "resnet", status: str = JobStatus.COMPLETED, points: int = 3, **fields) -> TrainingJob:
-        job = TrainingJob.objects.create(project=project, name=name, status=status, algorithm="tabular-classifier",
-                                         created_by=owner, **fields)
+        job = factories.make_job(project, name=name, status=status, algorithm="tabular-classifier", created_by=owner,
+                                 **fields)
         job.output_uri = object_uri(f"jobs/{job.pk}-{uuid.uuid4().hex[:8]}")  # ids repeat across rolled-back tests
         job.model_uri = put(f"{job.output_uri}/model.tar.gz")
         job.save(update_fields=["output_uri", "model_uri"])
