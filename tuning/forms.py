@@ -152,29 +152,22 @@ def proposed_ranges(job: TrainingJob) -> dict[str, dict]:
 
 
 def base_job_of(job: TrainingJob, tuned: set[str]) -> dict[str, Any]:
-    """The job's spec in the API's shape, without the tuned hyperparameters, the name and
-    the project (the tuning job gives those) and the checkpoint URI (trials sharing one
-    would resume from each other's checkpoints)."""
-    base: dict[str, Any] = {
-        "hyperparameters": {k: v for k, v in sorted((job.hyperparameters or {}).items()) if k not in tuned},
-        "inputs": {i.channel: {"dataset_version": i.dataset_version_id, "mode": i.mode} for i in job.inputs.all()},
-        "resources": {k: v for k, v in (job.resources or {}).items() if v is not None},
-        "distribution": job.distribution,
-        "stopping": {k: v for k, v in (job.stopping or {}).items() if v},
-        "environment": dict(job.environment or {}),
-        "tags": list(job.tags or []),
-        "retries": job.retries,
-        "keep_alive_seconds": job.keep_alive_seconds,
-        "priority": job.priority,
-    }
+    """The job's submission (as_submission) as a tuning job's base job: without the tuned
+    hyperparameters, the name and the project (the tuning job gives those), the checkpoint
+    URI (trials sharing one would resume from each other's checkpoints) and the settings
+    left empty."""
+    base = job.as_submission()
+    del base["project"], base["name"]
+    base["hyperparameters"] = {k: v for k, v in sorted(base["hyperparameters"].items()) if k not in tuned}
+    base["resources"] = {k: v for k, v in base["resources"].items() if v is not None}
+    base["stopping"] = {k: v for k, v in base["stopping"].items() if v}
     if job.algorithm:
-        base["algorithm"] = job.algorithm
+        del base["script"], base["metric_definitions"]
     else:
-        base["script"] = {"uri": job.script_uri, "entry_point": job.entry_point}
-        base["metric_definitions"] = list(job.metric_definitions or [])
-    if job.pipeline:
-        base["pipeline"] = dict(job.pipeline)
-    every = (job.checkpoint or {}).get("every_steps")
+        del base["algorithm"]
+    if not base["pipeline"]:
+        del base["pipeline"]
+    every = (base.pop("checkpoint") or {}).get("every_steps")
     if every:
         base["checkpoint"] = {"every_steps": every}
     return base
