@@ -129,3 +129,6 @@ class BatchPrediction(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"batch prediction {self.pk} with model version {self.model_version_id}: {self.status}"

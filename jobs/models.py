@@ -189,6 +189,9 @@ class JobEvent(models.Model):
     class Meta:
         ordering = ["at", "pk"]
 
+    def __str__(self) -> str:
+        return f"job {self.job_id}: {self.status} at {self.at.isoformat()}"
+
 
 class MetricPoint(models.Model):
     """One point of a metric series. Unique on (job, name, step, rank): a re-sent point
@@ -211,6 +214,9 @@ class MetricPoint(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["job", "name", "step", "rank"], name="one_point_per_step_rank")]
         # The unique index (job, name, step, rank) also serves history reads of one series in step order.
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} {self.name} (rank {self.rank}) step {self.step}: {self.value}"
 
 
 class MetricChunk(models.Model):
@@ -241,6 +247,9 @@ class MetricChunk(models.Model):
         # Also the read path: one series' chunks in order.
         constraints = [models.UniqueConstraint(fields=["job", "name", "rank", "chunk"], name="one_chunk_per_series_range")]
 
+    def __str__(self) -> str:
+        return f"job {self.job_id} {self.name} (rank {self.rank}) chunk {self.chunk}: {self.count} points"
+
 
 class SystemMetric(models.Model):
     """Per-node samples while a job runs: CPU %, memory, GPU utilisation and memory."""
@@ -255,6 +264,9 @@ class SystemMetric(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["job", "time"], name="system_metric_job_time")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} on {self.node_name} at {self.time.isoformat()}"
 
 
 class JobAttempt(models.Model):
@@ -273,6 +285,16 @@ class JobAttempt(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["job", "attempt", "node_rank"], name="one_launch_per_node_rank")]
 
+    def __str__(self) -> str:
+        return f"job {self.job_id} attempt {self.attempt} on node rank {self.node_rank}"
+
+    @property
+    def exit_text(self) -> str:
+        """The exit code in words (e.g. the signal that ended the process); "" while it runs."""
+        from jobs.runner.process.launch import describe_exit
+
+        return describe_exit(self.exit_code) if self.exit_code is not None else ""
+
 
 class JobInput(models.Model):
     """A channel of a job bound to a dataset version. PROTECT: a version that any job
@@ -285,6 +307,9 @@ class JobInput(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["job", "channel"], name="one_version_per_channel")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} channel {self.channel}: dataset version {self.dataset_version_id}"
 
 
 def job_uses_dataset_version(version_id: int) -> bool:

@@ -32,7 +32,6 @@ from jobs.access import get_job_for_user
 from jobs.forms import DISTRIBUTION_HELP, JobForm, clone_initial
 from jobs.models import Distribution, JobAttempt, JobEvent, JobInput, JobStatus, Node, SystemMetric, TrainingJob
 from jobs.reports import fsdp_report, partition_report
-from jobs.runner.process.launch import describe_exit
 from jobs.serializers import STOPPABLE
 from jobs.summary import key_metric, metric_sort_key
 from jobs.validation_size import validation_records
@@ -58,6 +57,21 @@ SCRIPT_FILTER = "script"  # the algorithm filter's value for "custom scripts"
 
 
 # --- shared helpers -----------------------------------------------------------------------
+@dataclass
+class JobListRow:
+    """A row of the jobs list: the job, its key metric and how long it has run."""
+
+    job: TrainingJob
+    key_metric: tuple[str, Any] | None
+    duration: str
+    run_seconds: float  # what the Duration column sorts by
+
+    @classmethod
+    def of(cls, job: TrainingJob, now: datetime) -> JobListRow:
+        seconds = run_seconds(job, now)
+        return cls(job, key_metric(job), duration_text(seconds), seconds or 0)
+
+
 def run_seconds(job: TrainingJob, now: datetime | None = None) -> float | None:
     """Wall time from the first launch to the end (or to now while it runs)."""
     if job.started_at is None:
@@ -135,17 +149,13 @@ def job_list(request: HttpRequest) -> HttpResponse:
                 .order_by("-created_at")[:LIST_LIMIT])
     total = len(jobs) if len(jobs) < LIST_LIMIT else matching.count()
     now = timezone.now()
-    for job in jobs:
-        seconds = run_seconds(job, now)
-        job.key_metric = key_metric(job)
-        job.duration = duration_text(seconds)
-        job.run_seconds = seconds or 0  # what the Duration column sorts by
+    rows = [JobListRow.of(job, now) for job in jobs]
     used_algorithms = set(visible.exclude(algorithm="").values_list("algorithm", flat=True).distinct())
     tags = sorted({tag for tag_list in visible.order_by("-created_at").values_list("tags", flat=True)[:2000]
                    for tag in (tag_list or []) if isinstance(tag, str)})
     writable = [entry.project for entry in project_roles(request) if entry.can_write]
     return render(request, "jobs/list.html", {
-        "jobs": jobs,
+        "jobs": rows,
         "total": total,
         "limited": total > len(jobs),
         "filters": filters,
@@ -267,8 +277,6 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     attempts = list(JobAttempt.objects.filter(job=job).select_related("node").only(
         "attempt", "node_rank", "started_at", "finished_at", "exit_code", "outcome", "warm_start", "job_id", "node__name",
     ).order_by("attempt", "node_rank"))
-    for attempt in attempts:
-        attempt.exit_text = describe_exit(attempt.exit_code) if attempt.exit_code is not None else ""
     partition_setting = (job.pipeline or {}).get("partition", "auto")
     return render(request, "jobs/detail.html", {
         "job": job,
@@ -338,7 +346,7 @@ def _log_chunks(files: list[tuple[str, str]], headers: bool) -> Iterator[bytes]:
 
 
 @page
-def job_logs(request: HttpRequest, pk: int) -> HttpResponse:
+def job_logs(request: HttpRequest, pk: int) -> StreamingHttpResponse:
     """The full per-rank logs the node agent syncs to <output_uri>/logs/ every few seconds
     (the live tail on the page holds only the last lines). ?rank=N for one rank."""
     job = get_job_for_user(request.user, pk)

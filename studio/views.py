@@ -14,6 +14,7 @@ from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
 from django.shortcuts import redirect
 
 from studio.access import is_reviewer_only
@@ -81,7 +82,7 @@ def _remember_project_choice(request: HttpRequest) -> None:
         request.session.pop(SESSION_PROJECT_KEY, None)
 
 
-ViewFunc = Callable[..., HttpResponse]
+ViewFunc = Callable[..., HttpResponseBase]  # a page may stream (files, logs)
 
 
 def page(view: ViewFunc | None = None, *, reviewers: bool = False) -> Any:
@@ -91,7 +92,7 @@ def page(view: ViewFunc | None = None, *, reviewers: bool = False) -> Any:
     def decorate(func: ViewFunc) -> ViewFunc:
         @login_required
         @wraps(func)
-        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             if not reviewers and reviewer_only(request):
                 return redirect("review-inbox")
             _remember_project_choice(request)
