@@ -4,7 +4,7 @@ checkpoint helpers, environment parsing) and a thin REST client. It never import
     from trainyard import log_metric
     log_metric("loss", loss.item(), step)
 
-SPEC.md §3–4 define the contracts."""
+docs/SPEC.md §3–4 define the contracts."""
 
 from trainyard.metrics import MetricsLogger, flush, get_logger, log_metric, log_metrics
 

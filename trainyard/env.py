@@ -1,4 +1,4 @@
-"""The environment a training process is launched into (SPEC §3): SageMaker's training-
+"""The environment a training process is launched into (docs/SPEC.md §3.4): SageMaker's training-
 toolkit variables, torch.distributed's, and Trainyard's own, read into one dataclass.
 
 Defaults are SageMaker's container paths, so a script written for SageMaker reads the

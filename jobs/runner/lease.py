@@ -1,7 +1,7 @@
 """The job's lease and the node's heartbeat, renewed from a thread while an agent runs a
 job: a job whose lease runs out is ended by the scheduler's sweep (jobs.scheduling), so a
-dead agent never leaves a job "Training" forever (SPEC: no runs that stay running after
-their process died)."""
+dead agent never leaves a job "Training" forever (no run stays running after its
+process died)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Writes of human review (SPEC §5), one module per noun, each action one transaction:
+"""Writes of human review (docs/SPEC.md §5), one module per noun, each action one transaction:
 teams (work teams and flow definitions), loops (starting and stopping them), claims
 (holding a slot, giving it back), answers (recording one, consolidating the loop) and
 expiry (the beat's housekeeping).

@@ -74,8 +74,8 @@ def answer_slot(assignment_id: int, user, answer: dict) -> Assignment:
 
 
 def _answer_in_postgres(assignment_id: int, user, answer: dict) -> Assignment | None:
-    """The answer recorded in the common case (ARCHITECTURE: the lean path on hot
-    endpoints), with sql.ANSWER_LOCK then sql.ANSWER, and the loop consolidated when it
+    """The answer recorded in the common case (the lean path: the fewest
+    statements on the hottest endpoint), with sql.ANSWER_LOCK then sql.ANSWER, and the loop consolidated when it
     was the last one needed; None, with nothing changed, when the case is not the common
     one — unknown assignment, slot no longer held, lease run out, loop not in progress, a
     bad answer — which the ORM path then handles under the loop lock this already holds."""

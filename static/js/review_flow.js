@@ -83,7 +83,7 @@
   else start();
 })();
 
-// The export form (issue 13): before an export, ask the server what the new version will
+// The export form: before an export, ask the server what the new version will
 // hold ("8,000 rows of demo-tabular v1 + 6 reviewed, 2 relabelled") and confirm that; a
 // merge that cannot be done shows its reason beside the button instead.
 (function () {

@@ -1,4 +1,4 @@
-"""The job directory of SPEC §3 and the environment of the processes that run in it.
+"""The job directory (docs/SPEC.md §3.4) and the environment of the processes that run in it.
 
     <data_dir>/jobs/<job_id>/attempt-<n>/node-<rank>/
         input/config/hyperparameters.json   values as strings, like SageMaker
@@ -33,7 +33,7 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 JOB_PACKAGES = ("trainyard", "algorithms")
 # Variables of the worker's own environment that a job may see. Everything else (the
 # database URL, the secret key, Django's settings module) stays with the worker: job
-# processes never touch the database (ARCHITECTURE "Processes").
+# processes never touch the database: only the worker that runs them does.
 PASSED_THROUGH = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "TZ", "TERM", "VIRTUAL_ENV", "LD_LIBRARY_PATH",
                   "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "OMP_NUM_THREADS",
                   "MKL_NUM_THREADS")
@@ -191,7 +191,7 @@ def input_data_config(facts: LaunchFacts) -> dict[str, dict[str, str]]:
 
 def build_environment(job_dir: JobDir, facts: LaunchFacts, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """1. A whitelist of the worker's environment (PATH, locale, AWS_*, NCCL_* ...).
-    2. SageMaker's training-toolkit variables (SPEC §3). 3. Trainyard's (trainyard/protocol).
+    2. SageMaker's training-toolkit variables (docs/SPEC.md §3.4). 3. Trainyard's (trainyard/protocol).
     4. The job's own `environment`, which may override anything but the job's identity.
     torchrun adds RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR ... per process."""
     base = os.environ if base is None else base

@@ -1,6 +1,6 @@
 """The command line that starts a job's processes on one node: `torch.distributed.run`
-(ARCHITECTURE: a subprocess, since torch.multiprocessing cannot spawn from a daemonic
-Celery process) — pure functions, unit-tested for the single-node, multi-node and GPU forms.
+(a subprocess, since torch.multiprocessing cannot spawn from a daemonic Celery
+process) — pure functions, unit-tested for the single-node, multi-node and GPU forms.
 
 Output: `--tee 3` sends each worker's stdout and stderr through spool files in `--log_dir`
 to the launcher's own stdout and stderr, each line prefixed. The prefix template names the
@@ -76,7 +76,7 @@ def build_command(spec: LaunchSpec) -> list[str]:
     # "--": everything after it is the target and its arguments, never torchrun's options.
     # Without it torchrun's parser (abbreviations allowed) reads a hyperparameter `--start`
     # as an ambiguous prefix of --start-method and fails, or `--log` as --log_dir ...
-    # (SPEC §8: nothing between the launcher and the script parses them).
+    # (nothing between the launcher and the script parses them: docs/SPEC.md §3.5).
     return command + ["--", *(torchrun_literal(arg) for arg in (spec.module or spec.script, *spec.args))]
 
 

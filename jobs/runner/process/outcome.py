@@ -1,4 +1,4 @@
-"""How a launch ended, in words a person can act on (SPEC §3 `failure_reason`).
+"""How a launch ended, in words a person can act on (`failure_reason`, docs/SPEC.md §3.3).
 
 Pure: the agent hands in what it observed (exit code, what the guard did, the launcher's
 last lines, each rank's stderr tail, the job directory) and gets a verdict back.
@@ -51,8 +51,8 @@ def read_failure_file(path: Path) -> str:
 
 def judge(observed: Observed) -> Verdict:
     """1. Exit 0 → success. 2. The guard's verdict. 3. A teardown abort after rank 0
-    recorded its result (ARCHITECTURE: gloo's "terminate called without an active
-    exception") → success, noted. 4. The script's own words in output/failure. 5. The
+    recorded its result (gloo's "terminate called without an active exception",
+    which it prints while tearing down after a clean run) → success, noted. 4. The script's own words in output/failure. 5. The
     first failed rank's last stderr lines with its exit code or signal."""
     if observed.returncode == 0 and not observed.guard_verdict:
         return Verdict(True)
