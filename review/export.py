@@ -413,31 +413,17 @@ def retrain_from_export(version: DatasetVersion, user):
     job = source_job_of(version)
     if job.project_id != version.dataset.project_id:
         raise ReviewError("dataset_version", "The source job belongs to another project.")
-    inputs = {i.channel: {"dataset_version": i.dataset_version_id, "mode": i.mode} for i in job.inputs.all()}
+    data = job.as_submission()
+    data["name"] = f"{job.name}-reviewed-v{version.version}"[:200]
+    inputs = data["inputs"]
     inputs["train"] = {"dataset_version": version.pk, "mode": inputs.get("train", {}).get("mode", "file")}
-    checkpoint = {k: v for k, v in (job.checkpoint or {}).items()
+    data["resources"] = {k: v for k, v in data["resources"].items()
+                         if k in ("instance_type", "instance_count", "processes_per_node", "memory_limit_mb")}
+    checkpoint = {k: v for k, v in (data["checkpoint"] or {}).items()
                   if not (k == "uri" and job.output_uri and str(v).startswith(job.output_uri))}
-    tags = tags_for_clone(job.tags or [])
-    data = {
-        "project": job.project.slug,
-        "name": f"{job.name}-reviewed-v{version.version}"[:200],
-        "algorithm": job.algorithm,
-        "script": {"uri": job.script_uri, "entry_point": job.entry_point} if job.script_uri else None,
-        "hyperparameters": job.hyperparameters,
-        "inputs": inputs,
-        "resources": {k: v for k, v in (job.resources or {}).items()
-                      if k in ("instance_type", "instance_count", "processes_per_node", "memory_limit_mb")},
-        "distribution": job.distribution,
-        "pipeline": job.pipeline or None,
-        "priority": job.priority,
-        "stopping": job.stopping or {},
-        "checkpoint": checkpoint or None,
-        "keep_alive_seconds": job.keep_alive_seconds,
-        "retries": job.retries,
-        "metric_definitions": job.metric_definitions or [],
-        "environment": job.environment or {},
-        "tags": [*tags, *([] if "reviewed" in tags else ["reviewed"])][:50],
-    }
+    data["checkpoint"] = checkpoint or None
+    tags = tags_for_clone(data["tags"])
+    data["tags"] = [*tags, *([] if "reviewed" in tags else ["reviewed"])][:50]
     serializer = JobCreateSerializer(data=data)
     if not serializer.is_valid():
         field, messages = next(iter(serializer.errors.items()))
