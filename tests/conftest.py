@@ -20,6 +20,7 @@ from rest_framework.test import APIClient
 
 from studio import actions
 from studio.models import Role
+from tests.factories import make_member
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -79,9 +80,7 @@ def other_project(db):
 
 
 def _member(project, username: str, role: str):
-    user = actions.ensure_user(username, password="pw-" + username + "-123")
-    actions.set_membership(project=project, user=user, role=role)
-    return user
+    return make_member(project, username, role)
 
 
 @pytest.fixture

@@ -10,10 +10,10 @@ from pathlib import Path
 from django.test import Client
 from django.urls import reverse
 
-from datasets.actions import VersionOptions, register_local_files
 from datasets.models import Dataset, DatasetVersion
 from datasets.validation_run import run_validation
 from jobs.models import JobInput, TrainingJob
+from tests import factories
 
 GOOD_CSV = b"x,y,label\n1,2.5,cat\n2,3.5,dog\n3,4.5,cat\n"
 RAGGED_CSV = b"x,y,label\n1,2.5,cat\n2,dog\n3,4.5,cat\n"
@@ -23,19 +23,8 @@ XSS = "<script>alert('pwned')</script>"
 def make_version(project, user, tmp_path: Path, *, name: str = "iris", files: dict[str, bytes] | None = None,
                  description: str = "", validate: bool = True) -> DatasetVersion:
     """A version created through the real action (and, unless told, validated in-process)."""
-    files = files if files is not None else {"train.csv": GOOD_CSV}
-    local: dict[str, Path] = {}
-    for index, (rel, content) in enumerate(files.items()):
-        path = tmp_path / f"src-{name}-{index}" / rel.replace("/", "_")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(content)
-        local[rel] = path
-    version, _ = register_local_files(project=project, name=name, description=description, user=user, files=local,
-                                      options=VersionOptions())
-    if validate:
-        run_validation(version.pk)
-    version.refresh_from_db()
-    return version
+    return factories.make_version(project, tmp_path, files if files is not None else {"train.csv": GOOD_CSV}, name=name,
+                                  user=user, description=description, validate=validate, must_be_ready=False)
 
 
 def login(user) -> Client:

@@ -7,7 +7,6 @@ tuning job's base job gets the same check."""
 from __future__ import annotations
 
 import io
-from pathlib import Path
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
@@ -15,9 +14,8 @@ from PIL import Image
 
 from algorithms import ALGORITHMS
 from algorithms.base import IMAGE_FILES, LABEL_NAMES, TABLE_FILES, DataFacts, data_problem
-from datasets.actions import VersionOptions, register_local_files
-from datasets.validation_run import run_validation
 from jobs.models import TrainingJob
+from tests import factories
 from tuning.models import TuningJob
 
 FLOWERS = "length,width,species\n" + "".join(f"{i % 9}.{i % 7},{i % 4}.{i % 3},{('setosa', 'virginica')[i % 2]}\n"
@@ -40,16 +38,7 @@ def png(colour: tuple[int, int, int]) -> bytes:
 @pytest.fixture
 def make_version(project, owner, tmp_path):
     def make(name: str, files: dict[str, str | bytes], **options) -> int:
-        local: dict[str, Path] = {}
-        for rel, content in files.items():
-            path = tmp_path / name / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(content if isinstance(content, bytes) else content.encode())
-            local[rel] = path
-        version, _ = register_local_files(project=project, name=name, description="", user=owner, files=local,
-                                          options=VersionOptions(**options))
-        assert run_validation(version.pk) == "ready", version.errors
-        return version.pk
+        return factories.make_version(project, tmp_path, files, name=name, user=owner, **options).pk
 
     return make
 
