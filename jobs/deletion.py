@@ -126,8 +126,8 @@ def job_deletion_plan(job: TrainingJob) -> DeletionPlan:
     if not job.is_finished():
         plan.blockers.append(Blocker(f"Job '{job.name}' is {job.status}: stop it first, then delete it.",
                                      name=job.name, url=job_url(job)))
-    if job.tuning_job_id is not None:
-        tuning = job.tuning_job
+    tuning = job.tuning_job  # None without a query when the job is no trial
+    if tuning is not None:
         plan.blockers.append(Blocker(
             f"Job '{job.name}' is trial {job.trial_number} of tuning job '{tuning.name}': delete the tuning job "
             "instead (its trials go with it).", name=tuning.name, url=reverse("tuning-detail", args=[tuning.pk])))

@@ -42,7 +42,7 @@ from review.models import (
 )
 from review.serializers import FlowDefinitionCreateSerializer, claim_json
 from review.stats import flow_stats
-from studio.access import check_role
+from studio.access import check_role, signed_in
 from studio.models import Membership
 from studio.pages import can_write_in, duration_text
 from studio.views import page, project_roles, readable_projects, reviewer_only
@@ -124,7 +124,7 @@ def review_inbox_held(request: HttpRequest) -> HttpResponse:
     """The item this reviewer already holds (lease running), as the claim API shows it, so
     Start after a reload resumes it instead of leaving it locked until its lease runs out;
     204 when they hold none. ?flow=<id> narrows to one flow."""
-    held = (Assignment.objects.filter(worker=request.user, status=AssignmentStatus.HELD,
+    held = (Assignment.objects.filter(worker=signed_in(request.user), status=AssignmentStatus.HELD,
                                       lease_expires_at__gt=timezone.now(), loop__status=LoopStatus.IN_PROGRESS,
                                       loop__flow_definition__in=FlowDefinition.objects.reviewable_by(request.user))
             .select_related("loop", "loop__flow_definition").order_by("claimed_at", "pk"))
@@ -183,6 +183,14 @@ def _teams_with_flows(projects, flows: list[FlowDefinition]) -> list[WorkTeam]:
     for team in teams:
         team.flow_list = [flow for flow in flows if flow.work_team_id == team.pk]  # type: ignore[attr-defined]
     return teams
+
+
+@dataclass(frozen=True)
+class ExportRow:
+    """A dataset version exported from the flow, with what Retrain asks before it starts."""
+
+    version: DatasetVersion
+    retrain_confirm: str
 
 
 @dataclass(frozen=True)
@@ -246,10 +254,8 @@ def flow_detail(request: HttpRequest, pk: int) -> HttpResponse:
     exportable = (flow.human_loops.filter(status=LoopStatus.COMPLETED)
                   .exclude(consolidated_label__in=["", NO_CONSENSUS]).count())
     highlight = request.GET.get("exported", "")
-    exports = exported_versions(flow)
     export_source = page_source(flow) if can_write and exportable and flow.task_type == TaskType.CLASSIFICATION else None
-    for version in exports:
-        version.retrain_confirm = retrain_confirm_text(version) if can_write else ""
+    exports = [ExportRow(version, retrain_confirm_text(version) if can_write else "") for version in exported_versions(flow)]
     return render(request, "review/flow_detail.html", {
         "flow": flow,
         "rows": rows,

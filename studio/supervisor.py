@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from io import TextIOBase
 from pathlib import Path
 from typing import TextIO
 
@@ -93,7 +94,7 @@ def die_with_parent_hook() -> Callable[[], None] | None:
 class Supervisor:
     """Children started together, output merged onto one stream as `name | line`."""
 
-    def __init__(self, out: TextIO | None = None) -> None:
+    def __init__(self, out: TextIO | TextIOBase | None = None) -> None:
         self.out = out or sys.stdout
         self.children: list[Child] = []
         self._write_lock = threading.Lock()

@@ -12,7 +12,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q, QuerySet
@@ -90,7 +90,35 @@ class TuningFilters:
         return jobs
 
 
-def with_trial_counts(jobs: QuerySet[TuningJob]) -> QuerySet[TuningJob]:
+class TrialCounts(TypedDict):
+    trials_done: int
+    trials_total: int
+
+
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
+
+    CountedTuningJob = WithAnnotations[TuningJob, TrialCounts]
+
+
+@dataclass
+class TuningListRow:
+    """A row of the tuning list: the search, how long it has run and its trials."""
+
+    job: CountedTuningJob
+    duration: str
+    run_seconds: float  # what the Duration column sorts by
+    strategy_label: str
+    trials_running: int
+
+    @classmethod
+    def of(cls, job: CountedTuningJob, now: datetime) -> TuningListRow:
+        seconds = run_seconds(job.started_at, job.finished_at, now)
+        return cls(job, duration_text(seconds), seconds or 0, STRATEGY_LABELS.get(job.strategy, job.strategy),
+                   job.trials_total - job.trials_done)
+
+
+def with_trial_counts(jobs: QuerySet[TuningJob]) -> QuerySet[CountedTuningJob]:
     """Finished and running trials per tuning job, counted in the list's one query."""
     return jobs.annotate(
         trials_done=Count("trials", filter=Q(trials__status__in=FINISHED_STATUSES)),
@@ -109,15 +137,10 @@ def tuning_list(request: HttpRequest) -> HttpResponse:
     jobs = list(with_trial_counts(matching.select_related("project")).order_by("-created_at")[:LIST_LIMIT])
     total = len(jobs) if len(jobs) < LIST_LIMIT else matching.count()
     now = timezone.now()
-    for job in jobs:
-        seconds = run_seconds(job.started_at, job.finished_at, now)
-        job.duration = duration_text(seconds)
-        job.run_seconds = seconds or 0
-        job.strategy_label = STRATEGY_LABELS.get(job.strategy, job.strategy)
-        job.trials_running = job.trials_total - job.trials_done
+    rows = [TuningListRow.of(job, now) for job in jobs]
     writable = [entry.project for entry in project_roles(request) if entry.can_write]
     return render(request, "tuning/list.html", {
-        "jobs": jobs,
+        "jobs": rows,
         "total": total,
         "limited": total > len(jobs),
         "filters": filters,
@@ -244,8 +267,11 @@ def base_inputs(job: TuningJob) -> list[tuple[str, DatasetVersion | None, Any]]:
         ids[channel] = raw if isinstance(raw, int) and not isinstance(raw, bool) else None
     versions = DatasetVersion.objects.filter(pk__in=[v for v in ids.values() if v], dataset__project_id=job.project_id)
     found = {v.pk: v for v in versions.select_related("dataset")}
-    return [(channel, found.get(ids[channel]) if ids[channel] else None, ids[channel] or inputs[channel])
-            for channel in sorted(inputs)]
+    rows = []
+    for channel in sorted(inputs):
+        version_id = ids[channel]
+        rows.append((channel, found.get(version_id) if version_id else None, version_id or inputs[channel]))
+    return rows
 
 
 def end_text(job: TuningJob) -> str:
