@@ -12,7 +12,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict
 
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q, QuerySet
@@ -98,7 +98,7 @@ class TrialCounts(TypedDict):
 if TYPE_CHECKING:
     from django_stubs_ext import WithAnnotations
 
-    CountedTuningJob = WithAnnotations[TuningJob, TrialCounts]
+    CountedTuningJob: TypeAlias = WithAnnotations[TuningJob, TrialCounts]
 
 
 @dataclass
