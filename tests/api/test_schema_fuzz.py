@@ -38,6 +38,7 @@ from review.actions.loops import start_human_loop
 from review.actions.teams import create_flow_definition, create_work_team
 from studio import actions as studio_actions
 from studio.models import Role
+from tests.factories import make_member
 from tests.hosting.conftest import demo_job, demo_model_artifact, demo_version, fresh_predictors, model_cache_dir  # noqa: F401
 from tuning.models import TuningJob, TuningStatus
 
@@ -69,8 +70,7 @@ class Seeded:
 @pytest.fixture
 def seeded(project, owner, demo_job, demo_version) -> Seeded:  # noqa: F811 - fixtures imported above
     token, raw_token = studio_actions.issue_token(owner, name="fuzz")
-    reviewer = studio_actions.ensure_user("fuzz-reviewer", password="pw-fuzz-reviewer-123")
-    studio_actions.set_membership(project=project, user=reviewer, role=Role.REVIEWER)
+    reviewer = make_member(project, "fuzz-reviewer", Role.REVIEWER)
     MetricPoint.objects.create(job=demo_job, name="loss", rank=0, step=1, value=0.5, time=timezone.now())
     JobEvent.objects.create(job=demo_job, status=demo_job.status, message="Completed")
     version = hosting_actions.register_model(project=project, name="demo", job=demo_job, user=owner)

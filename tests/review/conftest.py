@@ -18,8 +18,8 @@ from django.utils import timezone
 from review.actions.loops import start_loops_for_predictions
 from review.actions.teams import create_flow_definition, create_work_team
 from review.models import FlowDefinition, HumanLoop, WorkTeam
-from studio import actions as studio_actions
 from studio.models import Role
+from tests.factories import make_member
 
 LABELS = ["cat", "dog", "bird"]
 
@@ -34,9 +34,7 @@ def reviewers(project) -> Callable[..., list]:
         for index in range(1, n + 1):
             username = f"{prefix}-{index}"
             if username not in made:
-                user = studio_actions.ensure_user(username, password=f"pw-{username}-123")
-                studio_actions.set_membership(project=project, user=user, role=Role.REVIEWER)
-                made[username] = user
+                made[username] = make_member(project, username, Role.REVIEWER)
             users.append(made[username])
         return users
 

@@ -22,17 +22,15 @@ from review.models import (
     WorkTeam,
 )
 from review.stats import flow_stats
-from studio import actions
 from studio.models import Role
+from tests.factories import make_member
 
 LABELS = ["cat", "dog", "bird"]
 
 
 # --- small factories, shared with the page tests ---------------------------------------------
 def make_reviewer(project, username: str):
-    user = actions.ensure_user(username, password=f"pw-{username}-123")
-    actions.set_membership(project=project, user=user, role=Role.REVIEWER)
-    return user
+    return make_member(project, username, Role.REVIEWER)
 
 
 def make_team(project, name: str, members) -> WorkTeam:

@@ -12,6 +12,7 @@ from rest_framework.test import APIClient
 
 from studio import actions
 from studio.models import Membership, Project, Role
+from tests.factories import make_member
 
 
 def run(*args: str) -> str:
@@ -72,8 +73,7 @@ def test_adduser_refuses_a_bad_slug_and_a_short_password():
 @pytest.mark.django_db
 def test_token_prints_only_a_token_that_the_api_accepts():
     project = actions.create_project(slug="vision")
-    user = actions.ensure_user("bot", password="pw-bot-12345")
-    actions.set_membership(project=project, user=user, role=Role.SCIENTIST)
+    user = make_member(project, "bot", Role.SCIENTIST, password="pw-bot-12345")
 
     output = run("token", "bot", "--name", "ci")
 

@@ -11,6 +11,7 @@ from django.test import Client
 
 from studio import actions
 from studio.models import Role
+from tests.factories import make_member
 from tests.tuning.test_pages import make_tuning_job
 
 TEN_YEARS = "max-age=315360000"
@@ -18,8 +19,7 @@ TEN_YEARS = "max-age=315360000"
 
 def test_plotly_is_hashed_compressed_and_cached_for_good(db):
     project = actions.create_project(slug="acme", name="Acme Research")
-    user = actions.ensure_user("sam", password="pw-sam-123456")
-    actions.set_membership(project=project, user=user, role=Role.SCIENTIST)
+    user = make_member(project, "sam", Role.SCIENTIST, password="pw-sam-123456")
     client = Client()
     client.force_login(user)
     search = make_tuning_job(project, user)
