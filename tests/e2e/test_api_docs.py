@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e import test_dataset_upload as dataset_pages
+from tests.e2e.conftest import SCREENSHOTS
 
-browser_page = dataset_pages.browser_page
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
@@ -29,5 +28,5 @@ def test_the_docs_page_groups_operations_per_resource(browser_page, live_server,
     responses.first.wait_for()
     codes = {text.strip() for text in responses.all_inner_texts()}
     assert {"200", "400", "401", "403", "404"} <= codes, codes
-    page.screenshot(path=str(dataset_pages.SCREENSHOTS / "trainyard-api-docs.png"), full_page=False)
+    page.screenshot(path=str(SCREENSHOTS / "trainyard-api-docs.png"), full_page=False)
     assert not page.console_errors, page.console_errors

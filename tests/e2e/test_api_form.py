@@ -9,11 +9,8 @@ from __future__ import annotations
 import pytest
 
 from jobs.models import TrainingJob
-from tests.e2e import test_dataset_upload as dataset_pages
-from tests.e2e.test_job_pages import project, ready_version, scientist, sign_in  # noqa: F401 - fixtures
+from tests.e2e.test_job_pages import ready_version, sign_in  # noqa: F401 - fixtures
 from tuning.models import TuningJob
-
-browser_page = dataset_pages.browser_page
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -8,12 +8,12 @@ import pytest
 
 from studio.models import Project
 from tests.datasets.test_pages import make_version
-from tests.e2e.test_dataset_upload import browser_page, flowers_csv, scientist, sign_in  # noqa: F401 - fixtures
+from tests.e2e.test_dataset_upload import flowers_csv, sign_in
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-def test_dataset_page_fits_a_phone_width(live_server, scientist, browser_page, tmp_path):  # noqa: F811
+def test_dataset_page_fits_a_phone_width(live_server, scientist, browser_page, tmp_path):
     project = Project.objects.get(slug="acme")
     version = make_version(project, scientist, tmp_path, name="flowers", files={"train.csv": flowers_csv()})
     assert version.status == "ready"

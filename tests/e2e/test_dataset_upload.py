@@ -5,19 +5,11 @@ reloading, and read the line error of a broken file."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from studio import actions
-from studio.models import Role
-
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
-SCREENSHOTS = Path("/tmp")
-PASSWORD = "pw-scientist-123"
+from tests.e2e.conftest import PASSWORD, SCREENSHOTS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -32,39 +24,6 @@ def flowers_csv() -> bytes:
 
 
 RAGGED_CSV = b"a,b,label\n1,2,x\n3,4,y\n5,z\n6,7,x\n"
-
-
-@pytest.fixture
-def scientist(transactional_db):
-    project = actions.create_project(slug="acme", name="Acme Research")
-    user = actions.ensure_user("sam", password=PASSWORD)
-    actions.set_membership(project=project, user=user, role=Role.SCIENTIST)
-    return user
-
-
-@pytest.fixture
-def browser_page(monkeypatch) -> Iterator:
-    if not CHROMIUM.exists():
-        pytest.skip("Debian chromium not installed at /usr/bin/chromium")
-    # Playwright's sync API runs an event loop in this thread; the test's own ORM calls
-    # (fixtures, teardown) are synchronous and safe, so tell Django not to refuse them.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-        context = browser.new_context(viewport={"width": 1360, "height": 900}, device_scale_factor=1)
-        page = context.new_page()
-        page.set_default_timeout(20_000)
-        console_errors: list[str] = []
-        page.on("console", lambda message: console_errors.append(message.text) if message.type == "error" else None)
-        page.on("pageerror", lambda error: console_errors.append(str(error)))
-        page.console_errors = console_errors  # type: ignore[attr-defined]
-        try:
-            yield page
-        finally:
-            context.close()
-            browser.close()
 
 
 def sign_in(page, base_url: str) -> None:

@@ -13,28 +13,13 @@ from django.utils import timezone
 from datasets.storage import default_store, object_uri
 from hosting.models import Endpoint, Model, ModelVersion
 from jobs.models import JobStatus, MetricPoint, TrainingJob
-from studio import actions
-from studio.models import PendingDeletion, Role
+from studio.models import PendingDeletion
 from tests.e2e import test_dataset_upload as dataset_pages
+from tests.e2e.conftest import SCREENSHOTS
 
-SCREENSHOTS = dataset_pages.SCREENSHOTS
-browser_page = dataset_pages.browser_page
 sign_in = dataset_pages.sign_in
-PASSWORD = dataset_pages.PASSWORD
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-@pytest.fixture
-def project(transactional_db):
-    return actions.create_project(slug="acme", name="Acme Research")
-
-
-@pytest.fixture
-def scientist(project):
-    user = actions.ensure_user("sam", password=PASSWORD)
-    actions.set_membership(project=project, user=user, role=Role.SCIENTIST)
-    return user
 
 
 def _finished_job(project, user, name: str, points: int) -> TrainingJob:

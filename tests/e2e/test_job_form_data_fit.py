@@ -16,27 +16,9 @@ from algorithms import ALGORITHMS
 from algorithms.base import DataFacts, data_problem
 from datasets.actions import VersionOptions, register_local_files
 from datasets.validation_run import run_validation
-from studio import actions
-from studio.models import Role
-from tests.e2e import test_dataset_upload as dataset_pages
-
-browser_page = dataset_pages.browser_page
-PASSWORD = "pw-scientist-123"
-SCREENSHOTS = dataset_pages.SCREENSHOTS
+from tests.e2e.conftest import PASSWORD, SCREENSHOTS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-@pytest.fixture
-def project(transactional_db):
-    return actions.create_project(slug="acme", name="Acme Research")
-
-
-@pytest.fixture
-def scientist(project):
-    user = actions.ensure_user("sam", password=PASSWORD)
-    actions.set_membership(project=project, user=user, role=Role.SCIENTIST)
-    return user
 
 
 def png(colour: tuple[int, int, int]) -> bytes:

@@ -14,35 +14,17 @@ from datasets.actions import VersionOptions, register_local_files
 from datasets.storage import join_uri, object_uri, store_for
 from datasets.validation_run import run_validation
 from jobs.models import JobEvent, JobInput, JobStatus, MetricPoint, SystemMetric, TrainingJob
-from studio import actions
-from studio.models import Role
 from tests.conftest import wait_for
-from tests.e2e import test_dataset_upload as dataset_pages
+from tests.e2e.conftest import PASSWORD, SCREENSHOTS
 from tests.jobs import conftest as job_fixtures
 from tests.jobs.conftest import wait_status
 
-SCREENSHOTS = dataset_pages.SCREENSHOTS
-# Shared fixtures, reused rather than copied: the chromium page (with its console-error
-# log) and the session's real node worker (`studio worker --queue cpu`) with its Node row.
-browser_page = dataset_pages.browser_page
+# The session's real node worker (`studio worker --queue cpu`) with its Node row, reused
+# rather than copied.
 node_worker = job_fixtures.node_worker
 node = job_fixtures.node
 
-PASSWORD = "pw-scientist-123"
-
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-@pytest.fixture
-def project(transactional_db):
-    return actions.create_project(slug="acme", name="Acme Research")
-
-
-@pytest.fixture
-def scientist(project):
-    user = actions.ensure_user("sam", password=PASSWORD)
-    actions.set_membership(project=project, user=user, role=Role.SCIENTIST)
-    return user
 
 
 @pytest.fixture

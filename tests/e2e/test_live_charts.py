@@ -13,11 +13,8 @@ import pytest
 from django.utils import timezone
 
 from jobs.models import JobStatus, SystemMetric, TrainingJob
-from tests.e2e import test_dataset_upload as dataset_pages
-from tests.e2e.test_job_pages import project, scientist, sign_in  # noqa: F401 - fixtures
-
-browser_page = dataset_pages.browser_page
-SCREENSHOTS = dataset_pages.SCREENSHOTS
+from tests.e2e.conftest import SCREENSHOTS
+from tests.e2e.test_job_pages import sign_in
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -44,7 +41,7 @@ FAKE_STREAM_JS = """(() => {
 })();"""
 
 
-def _job(project, user, *, status: str, samples: int) -> TrainingJob:  # noqa: F811
+def _job(project, user, *, status: str, samples: int) -> TrainingJob:
     now = timezone.now()
     job = TrainingJob.objects.create(
         project=project, name="live-one", algorithm="tabular-classifier", hyperparameters={"epochs": 1}, created_by=user,
@@ -56,7 +53,7 @@ def _job(project, user, *, status: str, samples: int) -> TrainingJob:  # noqa: F
     return job
 
 
-def test_a_fast_stream_redraws_a_few_times_a_second(live_server, scientist, project, browser_page):  # noqa: F811
+def test_a_fast_stream_redraws_a_few_times_a_second(live_server, scientist, project, browser_page):
     page = browser_page
     page.add_init_script(FAKE_STREAM_JS)
     job = _job(project, scientist, status=JobStatus.TRAINING, samples=0)
@@ -86,7 +83,7 @@ def test_a_fast_stream_redraws_a_few_times_a_second(live_server, scientist, proj
     assert not page.console_errors, page.console_errors
 
 
-def test_a_system_chart_with_one_sample_shows_a_minute(live_server, scientist, project, browser_page):  # noqa: F811
+def test_a_system_chart_with_one_sample_shows_a_minute(live_server, scientist, project, browser_page):
     page = browser_page
     job = _job(project, scientist, status=JobStatus.COMPLETED, samples=1)
     sign_in(page, live_server.url)

@@ -13,12 +13,9 @@ import pytest
 from django.utils import timezone
 
 from jobs.models import JobStatus, TrainingJob
-from tests.e2e import test_dataset_upload as dataset_pages
-from tests.e2e.test_job_pages import finished_job, project, ready_version, scientist, sign_in  # noqa: F401 - fixtures
+from tests.e2e.conftest import SCREENSHOTS
+from tests.e2e.test_job_pages import finished_job, ready_version, sign_in  # noqa: F401 - fixtures
 from tuning.models import TuningJob, TuningStatus
-
-SCREENSHOTS = dataset_pages.SCREENSHOTS
-browser_page = dataset_pages.browser_page
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -28,7 +25,7 @@ RANGES = {"learning_rate": {"type": "continuous", "min": 1e-4, "max": 0.1, "scal
 
 
 @pytest.fixture
-def wide_search(project, scientist):  # noqa: F811 - the fixtures imported above
+def wide_search(project, scientist):
     now = timezone.now()
     search = TuningJob.objects.create(
         project=project, name="wide-search", status=TuningStatus.COMPLETED, strategy="random",

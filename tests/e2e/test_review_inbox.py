@@ -15,10 +15,8 @@ import pytest
 from datasets.models import DatasetVersion, SourceKind
 from review.models import AssignmentStatus, HumanLoop, LoopStatus
 from tests.e2e import test_dataset_upload as dataset_pages
+from tests.e2e.conftest import SCREENSHOTS
 from tests.review.conftest import make_flow, make_loops, reviewers, team  # noqa: F401 - fixtures
-
-SCREENSHOTS = dataset_pages.SCREENSHOTS
-browser_page = dataset_pages.browser_page
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

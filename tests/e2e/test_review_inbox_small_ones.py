@@ -14,7 +14,6 @@ from review.actions.claims import claim_next_slot
 from tests.e2e import test_review_inbox as inbox_pages
 from tests.review.conftest import make_flow, make_loops, reviewers, team  # noqa: F401 - fixtures
 
-browser_page = inbox_pages.browser_page
 sign_in_as = inbox_pages.sign_in_as
 wait_for_item = inbox_pages.wait_for_item
 

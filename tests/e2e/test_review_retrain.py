@@ -13,13 +13,10 @@ import pytest
 from datasets.models import DatasetVersion
 from datasets.validation_run import run_validation
 from jobs.models import TrainingJob
-from tests.e2e import test_dataset_upload as dataset_pages
+from tests.e2e.conftest import SCREENSHOTS
 from tests.e2e.test_review_inbox import sign_in_as
 from tests.review.conftest import make_flow, reviewers, team  # noqa: F401 - fixtures
 from tests.review.test_export_merge import animals, reviewed_animals  # noqa: F401 - fixtures
-
-SCREENSHOTS = dataset_pages.SCREENSHOTS
-browser_page = dataset_pages.browser_page
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -14,12 +14,9 @@ import pytest
 from django.utils import timezone
 
 from jobs.models import JobStatus, TrainingJob
-from tests.e2e import test_dataset_upload as dataset_pages
-from tests.e2e.test_job_pages import finished_job, project, ready_version, scientist, sign_in  # noqa: F401 - fixtures
+from tests.e2e.conftest import SCREENSHOTS
+from tests.e2e.test_job_pages import finished_job, ready_version, sign_in  # noqa: F401 - fixtures
 from tuning.models import TuningJob, TuningStatus
-
-SCREENSHOTS = dataset_pages.SCREENSHOTS
-browser_page = dataset_pages.browser_page
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -46,7 +43,7 @@ def trial(search: TuningJob, number: int, lr: float, units: int, optimizer: str,
 
 
 @pytest.fixture
-def search(project, scientist):  # noqa: F811 - the fixtures imported above
+def search(project, scientist):
     search = TuningJob.objects.create(
         project=project, name="width-and-lr", status=TuningStatus.IN_PROGRESS, strategy="bayesian",
         base_job={"algorithm": "tabular-classifier", "hyperparameters": {"epochs": 5, "label_column": "label"},
@@ -69,7 +66,7 @@ def column_values(page, index: int) -> list[str]:
     return page.eval_on_selector_all("#trials-table tbody tr", f"rows => rows.map(r => r.cells[{index}].innerText.trim())")
 
 
-def test_detail_draws_three_charts_sorts_and_gains_a_trial_live(live_server, scientist, search, browser_page):  # noqa: F811
+def test_detail_draws_three_charts_sorts_and_gains_a_trial_live(live_server, scientist, search, browser_page):
     page = browser_page
     base = live_server.url
     sign_in(page, base)

@@ -12,11 +12,11 @@ import pytest
 
 from hosting import actions
 from hosting.models import Endpoint, Model
-from tests.e2e import test_dataset_upload as dataset_pages
+from tests.e2e import conftest as browser_fixtures
 from tests.hosting.conftest import make_flow
 from tests.hosting.test_try_it_browser import sign_in
 
-browser_page = dataset_pages.browser_page
+browser_page = browser_fixtures.browser_page
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -93,7 +93,7 @@ def test_switch_the_version_attach_and_detach_a_flow_and_register_from_the_job_p
     page.click("#settings-save")
     expect(page.locator(".lede")).not_to_contain_text("check-uncertain")
     assert Endpoint.objects.get(name="biomes-switch").flow_definition_id is None
-    page.screenshot(path=str(dataset_pages.SCREENSHOTS / "trainyard-endpoint-settings.png"), full_page=True)
+    page.screenshot(path=str(browser_fixtures.SCREENSHOTS / "trainyard-endpoint-settings.png"), full_page=True)
 
     page.goto(f"{live_server.url}/jobs/{demo_job.pk}/")
     page.click("#register-model")

@@ -12,10 +12,10 @@ from django.utils import timezone
 
 from hosting import actions
 from jobs.models import JobStatus, MetricPoint, TrainingJob
-from tests.e2e import test_dataset_upload as dataset_pages
+from tests.e2e import conftest as browser_fixtures
 from tests.hosting.test_try_it_browser import sign_in
 
-browser_page = dataset_pages.browser_page
+browser_page = browser_fixtures.browser_page
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

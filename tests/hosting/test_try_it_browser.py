@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from hosting import actions
-from tests.e2e import test_dataset_upload as dataset_pages
+from tests.e2e import conftest as browser_fixtures
 from tests.hosting.conftest import make_flow
 
-browser_page = dataset_pages.browser_page
+browser_page = browser_fixtures.browser_page
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -40,7 +40,7 @@ def test_try_it_predicts_the_example_row_and_shows_errors_inline(transactional_d
     assert label in ("alpine", "coastal", "desert")
     assert page.locator("#predictions-table .bar--progress span").first.get_attribute("style").startswith("width:")
     assert "1 human loop started: check-uncertain-" in page.inner_text("#try-loops")
-    page.screenshot(path=str(dataset_pages.SCREENSHOTS / "trainyard-endpoint-try-it.png"), full_page=True)
+    page.screenshot(path=str(browser_fixtures.SCREENSHOTS / "trainyard-endpoint-try-it.png"), full_page=True)
 
     page.fill("#try-instances", '[{"feature_01": 1}]')
     page.click("#try-submit")
@@ -54,6 +54,6 @@ def test_try_it_predicts_the_example_row_and_shows_errors_inline(transactional_d
 
     page.goto(f"{live_server.url}/models/{version.model_id}/")
     assert page.locator("#versions-table tbody tr").count() == 1
-    page.screenshot(path=str(dataset_pages.SCREENSHOTS / "trainyard-model-detail.png"), full_page=True)
+    page.screenshot(path=str(browser_fixtures.SCREENSHOTS / "trainyard-model-detail.png"), full_page=True)
     page.goto(f"{live_server.url}/models/")
-    page.screenshot(path=str(dataset_pages.SCREENSHOTS / "trainyard-models.png"), full_page=True)
+    page.screenshot(path=str(browser_fixtures.SCREENSHOTS / "trainyard-models.png"), full_page=True)
