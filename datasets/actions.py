@@ -17,19 +17,17 @@ from django.utils import timezone
 from datasets.hashing import combine_content_hash, combine_fingerprint
 from datasets.models import Dataset, DatasetVersion, SourceKind, VersionStatus
 from datasets.storage import StorageError, default_store, object_uri, split_uri, store_for
+from studio.errors import ActionError, FieldError
 from studio.models import Project
 
 log = logging.getLogger(__name__)
 
 
-class DatasetError(Exception):
+class DatasetError(FieldError):
     """Bad input for a dataset, with the request field it concerns."""
 
-    def __init__(self, field: str, message: str, status: int = 400):
-        super().__init__(message)
-        self.field = field
-        self.message = message
-        self.status = status
+    def envelope_message(self) -> str:
+        return self.message  # the message already names the source it could not read
 
 
 @dataclass(frozen=True)
@@ -289,14 +287,17 @@ def version_uses(version: DatasetVersion) -> list[VersionUse]:
     return [use for finder in _use_finders for use in finder(version)]
 
 
-class VersionInUse(Exception):
+class VersionInUse(ActionError):
+    """The version is an input of something that must keep it; the API answers 409 with
+    code in_use, the pages link each use."""
+
     def __init__(self, version: DatasetVersion, uses: list[VersionUse]):
         self.version = version
         self.uses = uses
         named = "; ".join(f"a {u.kind} '{u.name}' ({u.url}){', ' + u.kept_by if u.kept_by else ''}" for u in uses)
         what = "job" if uses[0].kind == "training job" else uses[0].kind
         super().__init__(f"{version} is used by {named}: delete that {what} first, or keep this version."
-                         + kept_note(uses))
+                         + kept_note(uses), status=409, code="in_use")
 
 
 def kept_note(uses: list[VersionUse]) -> str:

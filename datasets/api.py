@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from datasets import actions
-from datasets.actions import DatasetError, StoredFile, VersionInUse, VersionOptions
+from datasets.actions import StoredFile, VersionOptions
 from datasets.models import CHANNELS, Dataset, DatasetVersion
 from datasets.serializers import (
     DatasetCreateSerializer,
@@ -146,20 +146,17 @@ class DatasetListView(PaginatedAPIView):
         options = VersionOptions(format=data["format"], label_column=data["label_column"], text_column=data["text_column"],
                                  delimiter=data["delimiter"], split=data["split"])
         common = {"project": project, "name": data["name"], "description": data["description"], "user": request.user, "options": options}
-        try:
-            if self.upload_session is not None and request.FILES:
-                if data["source_uri"]:
-                    raise ApiError("Send files or a source_uri, not both.", fields={"source_uri": ["Not allowed with files."]})
-                stored = _stored_files(request, self.upload_session)
-                version, created = actions.register_upload(root_uri=self.upload_session.prefix_uri, stored=stored, **common)
-                self._upload_kept = created
-            elif data["source_uri"]:
-                version, created = actions.register_source(source_uri=data["source_uri"], **common)
-            else:
-                raise ApiError("Give source_uri (s3://… or file:///…) or upload files as multipart parts named 'file'.",
-                               fields={"source_uri": ["Required when no file is uploaded."]})
-        except DatasetError as exc:
-            raise ApiError(exc.message, status_code=exc.status, fields={exc.field: [exc.message]}) from exc
+        if self.upload_session is not None and request.FILES:
+            if data["source_uri"]:
+                raise ApiError("Send files or a source_uri, not both.", fields={"source_uri": ["Not allowed with files."]})
+            stored = _stored_files(request, self.upload_session)
+            version, created = actions.register_upload(root_uri=self.upload_session.prefix_uri, stored=stored, **common)
+            self._upload_kept = created
+        elif data["source_uri"]:
+            version, created = actions.register_source(source_uri=data["source_uri"], **common)
+        else:
+            raise ApiError("Give source_uri (s3://… or file:///…) or upload files as multipart parts named 'file'.",
+                           fields={"source_uri": ["Required when no file is uploaded."]})
         body = DatasetVersionSerializer(version).data
         body["created"] = created
         body["unchanged"] = not created
@@ -176,10 +173,7 @@ class DatasetDetailView(PaginatedAPIView):
     @extend_schema(responses={204: None})
     def delete(self, request: Request, pk: int) -> Response:
         dataset = get_dataset_for_user(request.user, pk, write=True)
-        try:
-            actions.delete_dataset(dataset)
-        except VersionInUse as exc:
-            raise ApiError(str(exc), code="in_use", status_code=409) from exc
+        actions.delete_dataset(dataset)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -207,8 +201,5 @@ class DatasetVersionDetailView(PaginatedAPIView):
     @extend_schema(responses={204: None})
     def delete(self, request: Request, pk: int) -> Response:
         version = get_version_for_user(request.user, pk, write=True)
-        try:
-            actions.delete_version(version)
-        except VersionInUse as exc:
-            raise ApiError(str(exc), code="in_use", status_code=409) from exc
+        actions.delete_version(version)
         return Response(status=status.HTTP_204_NO_CONTENT)

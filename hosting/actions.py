@@ -22,6 +22,7 @@ from datasets.storage import StorageError, store_for
 from hosting.flows import flow_model
 from hosting.models import BatchPrediction, BatchStatus, Endpoint, Model, ModelKind, ModelVersion
 from jobs.models import JobStatus, TrainingJob
+from studio.errors import FieldError
 from studio.models import Project
 
 # SageMaker's endpoint-name rule: it becomes a URL segment, so no slashes or spaces.
@@ -42,14 +43,11 @@ UNSET: Any = object()
 log = logging.getLogger(__name__)
 
 
-class HostingError(Exception):
+class HostingError(FieldError):
     """A request the hosting app refuses; `field` names the input at fault."""
 
-    def __init__(self, field: str, message: str, status: int = 400):
-        super().__init__(message)
-        self.field = field
-        self.message = message
-        self.status = status
+    def envelope_message(self) -> str:
+        return f"{self.field}: {self.message}"  # a conflict names its field too ("name: An endpoint named …")
 
 
 # --- models -----------------------------------------------------------------------------------

@@ -17,22 +17,16 @@ from rest_framework.views import APIView
 
 from hosting import actions
 from hosting.access import get_batch_for_user, get_endpoint_for_user, get_model_for_user
-from hosting.actions import UNSET, HostingError
+from hosting.actions import UNSET
 from hosting.invocation import endpoint_for_invocation, flush_invocation_counts, invoke
 from hosting.models import BatchPrediction, BatchStatus, Endpoint, Model, ModelVersion
-from hosting.serving import InvalidInstances
 from studio.access import get_project_for_user
 from studio.api import ApiError, PaginatedAPIView, paginate, project_for_write
-from studio.deletion import DeletionBlocked, blocked_error, destroy_schema
+from studio.deletion import destroy_schema
 from studio.models import Project
 from studio.parsers import reject_nul
 
 OBJECT = OpenApiTypes.OBJECT
-
-
-def hosting_error(exc: HostingError) -> ApiError:
-    code = "conflict" if exc.status == 409 else "invalid"
-    return ApiError(f"{exc.field}: {exc.message}", code=code, status_code=exc.status, fields={exc.field: [exc.message]})
 
 
 def _body(request: Request) -> dict[str, Any]:
@@ -117,11 +111,8 @@ class ModelListView(PaginatedAPIView):
         body = _body(request)
         _required(body, "project", "name", "job")
         project = project_for_write(request.user, str(body["project"]))
-        try:
-            version = actions.register_model(project=project, name=body["name"], job=body["job"], user=request.user,
-                                             description=str(body.get("description") or ""))
-        except HostingError as exc:
-            raise hosting_error(exc) from exc
+        version = actions.register_model(project=project, name=body["name"], job=body["job"], user=request.user,
+                                         description=str(body.get("description") or ""))
         model = version.model
         return Response(model_json(model, versions=list(model.versions.order_by("-version"))),
                         status=status.HTTP_201_CREATED)
@@ -138,10 +129,7 @@ class ModelDetailView(APIView):
     def delete(self, request: Request, pk: int) -> Response:
         from hosting.deletion import delete_model
 
-        try:
-            delete_model(get_model_for_user(request.user, pk, write=True))
-        except DeletionBlocked as exc:
-            raise blocked_error(exc) from exc
+        delete_model(get_model_for_user(request.user, pk, write=True))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -163,10 +151,7 @@ class ModelVersionDetailView(APIView):
         version = model.versions.filter(version=number).first()
         if version is None:
             raise Http404(f"Model '{model.name}' has no version {number}.")
-        try:
-            delete_model_version(version)
-        except DeletionBlocked as exc:
-            raise blocked_error(exc) from exc
+        delete_model_version(version)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -201,12 +186,9 @@ class EndpointListView(PaginatedAPIView):
         body = _body(request)
         _required(body, "project", "name", "model")
         project = project_for_write(request.user, str(body["project"]))
-        try:
-            version = actions.resolve_model_version(project, body["model"], body.get("model_version"))
-            endpoint = actions.create_endpoint(project=project, name=body["name"], model_version=version,
-                                               flow_definition=body.get("flow_definition"), user=request.user)
-        except HostingError as exc:
-            raise hosting_error(exc) from exc
+        version = actions.resolve_model_version(project, body["model"], body.get("model_version"))
+        endpoint = actions.create_endpoint(project=project, name=body["name"], model_version=version,
+                                           flow_definition=body.get("flow_definition"), user=request.user)
         return Response(endpoint_json(_endpoints().get(pk=endpoint.pk)), status=status.HTTP_201_CREATED)
 
 
@@ -220,15 +202,12 @@ class EndpointDetailView(APIView):
     def patch(self, request: Request, name: str) -> Response:
         endpoint = get_endpoint_for_user(request.user, name, write=True)
         body = _body(request)
-        try:
-            version = UNSET
-            if "model" in body or "model_version" in body:
-                model = body.get("model") or endpoint.model_version.model
-                version = actions.resolve_model_version(endpoint.project, model, body.get("model_version"))
-            flow = body.get("flow_definition", UNSET)
-            actions.update_endpoint(endpoint, model_version=version, flow_definition=flow)
-        except HostingError as exc:
-            raise hosting_error(exc) from exc
+        version = UNSET
+        if "model" in body or "model_version" in body:
+            model = body.get("model") or endpoint.model_version.model
+            version = actions.resolve_model_version(endpoint.project, model, body.get("model_version"))
+        flow = body.get("flow_definition", UNSET)
+        actions.update_endpoint(endpoint, model_version=version, flow_definition=flow)
         return Response(endpoint_json(_endpoints().get(pk=endpoint.pk)))
 
     @destroy_schema(description="Delete an endpoint: its invocation URL stops answering. The review items it sent stay.")
@@ -292,10 +271,7 @@ class InvocationView(APIView):
         if not isinstance(body, dict) or "instances" not in body:
             raise ApiError("instances: This field is required.", fields={"instances": ["This field is required."]})
         reject_nul(body)  # no text or JSON column (a human loop's input) can hold a NUL
-        try:
-            result = invoke(endpoint, body["instances"])
-        except InvalidInstances as exc:
-            raise ApiError(str(exc), fields={"instances": [str(exc)]}) from None
+        result = invoke(endpoint, body["instances"])
         return HttpResponse(json.dumps(result), content_type="application/json")
 
 
@@ -314,13 +290,10 @@ class BatchPredictionListView(PaginatedAPIView):
         body = _body(request)
         _required(body, "project", "model", "dataset_version")
         project = project_for_write(request.user, str(body["project"]))
-        try:
-            version = actions.resolve_model_version(project, body["model"], body.get("model_version"))
-            batch = actions.submit_batch_prediction(project=project, model_version=version,
-                                                    dataset_version=body["dataset_version"],
-                                                    flow_definition=body.get("flow_definition"), user=request.user)
-        except HostingError as exc:
-            raise hosting_error(exc) from exc
+        version = actions.resolve_model_version(project, body["model"], body.get("model_version"))
+        batch = actions.submit_batch_prediction(project=project, model_version=version,
+                                                dataset_version=body["dataset_version"],
+                                                flow_definition=body.get("flow_definition"), user=request.user)
         return Response(batch_json(batch), status=status.HTTP_202_ACCEPTED)
 
 

@@ -30,6 +30,7 @@ from typing import Any
 from django.conf import settings
 
 from hosting.models import ModelKind, ModelVersion
+from studio.errors import ActionError
 
 MAX_INSTANCES = 10_000  # per request; larger inputs are a batch prediction's job
 MAX_LOADED = 8  # predictors kept per process, least recently used evicted first
@@ -42,8 +43,15 @@ _loading: dict[str, threading.Lock] = {}
 load_count = 0
 
 
-class InvalidInstances(ValueError):
-    """Instances of the wrong shape for the model; the message names the index."""
+class InvalidInstances(ActionError, ValueError):
+    """Instances of the wrong shape for the model; the message names the index (the API
+    answers 400 on `instances`)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, fields={"instances": message})
+
+    def envelope_message(self) -> str:
+        return self.message  # it starts with the instance it concerns: "instances[3]: …"
 
 
 def cache_root() -> Path:

@@ -14,6 +14,7 @@ from datasets.models import DatasetVersion, VersionStatus
 from datasets.storage import StorageError, object_uri, split_uri, store_for
 from jobs.models import STOP_REQUESTED, JobEvent, JobInput, JobStatus, Node, TrainingJob
 from jobs.transitions import transition
+from studio.errors import ActionError
 from studio.models import Project
 
 log = logging.getLogger(__name__)
@@ -21,12 +22,11 @@ log = logging.getLogger(__name__)
 MODES = ("file", "stream")
 
 
-class JobError(Exception):
+class JobError(ActionError):
     """Bad input for a job: {field path: message}."""
 
     def __init__(self, fields: dict[str, str]):
-        super().__init__("; ".join(f"{k}: {v}" for k, v in fields.items()))
-        self.fields = fields
+        super().__init__("; ".join(f"{k}: {v}" for k, v in fields.items()), fields=fields)
 
 
 def tags_for_clone(tags: list) -> list[str]:
@@ -287,8 +287,11 @@ def _schedule_soon() -> None:
         log.warning("could not send a scheduling tick; the periodic one will pick the job up", exc_info=True)
 
 
-class NotStoppable(Exception):
-    pass
+class NotStoppable(ActionError):
+    """The job (or tuning job) is past stopping: a state conflict (409)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, status=409)
 
 
 def stop_job(job: TrainingJob, *, reason: str = STOP_REQUESTED, message: str = "") -> TrainingJob:

@@ -12,13 +12,12 @@ from rest_framework.views import APIView
 
 from jobs import actions
 from jobs.access import get_job_for_user
-from jobs.actions import JobError, NotStoppable
 from jobs.models import JobEvent, JobInput, JobStatus, TrainingJob
-from jobs.scripts import ScriptError, store_script
+from jobs.scripts import store_script
 from jobs.serializers import JobCreateSerializer, JobSerializer, JobSummarySerializer
 from studio.access import get_project_for_user
-from studio.api import ApiError, PaginatedAPIView, field_errors, paginate, project_for_write
-from studio.deletion import ARCHIVED_PARAMETER, DeletionBlocked, blocked_error, destroy_schema, wants_archived
+from studio.api import ApiError, PaginatedAPIView, paginate, project_for_write
+from studio.deletion import ARCHIVED_PARAMETER, destroy_schema, wants_archived
 from studio.models import Project
 from studio.parsers import FormParser, MultiPartParser
 
@@ -67,10 +66,7 @@ class JobListView(PaginatedAPIView):
         serializer = JobCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         project = project_for_write(request.user, serializer.validated_data["project"])
-        try:
-            job = actions.submit_job(project=project, user=request.user, data=serializer.validated_data)
-        except JobError as exc:
-            raise field_errors(exc.fields) from exc
+        job = actions.submit_job(project=project, user=request.user, data=serializer.validated_data)
         return Response(JobSerializer(job_detail_queryset().get(pk=job.pk)).data, status=status.HTTP_201_CREATED)
 
 
@@ -92,10 +88,7 @@ class JobDetailView(APIView):
         from jobs.deletion import delete_job
 
         job = get_job_for_user(request.user, pk, write=True)
-        try:
-            outcome, _ = delete_job(job)
-        except DeletionBlocked as exc:
-            raise blocked_error(exc) from exc
+        outcome, _ = delete_job(job)
         if outcome == "archived":
             return Response(JobSerializer(job_detail_queryset().get(pk=pk)).data)
         return Response(status=status.HTTP_204_NO_CONTENT)
@@ -105,10 +98,7 @@ class JobStopView(APIView):
     @extend_schema(request=None, responses={202: JobSerializer})
     def post(self, request: Request, pk: int) -> Response:
         job = get_job_for_user(request.user, pk, write=True)
-        try:
-            actions.stop_job(job)
-        except NotStoppable as exc:
-            raise ApiError(str(exc), code="conflict", status_code=409) from exc
+        actions.stop_job(job)
         return Response(JobSerializer(job_detail_queryset().get(pk=pk)).data, status=status.HTTP_202_ACCEPTED)
 
 
@@ -137,9 +127,6 @@ class ScriptUploadView(APIView):
         upload = request.FILES.get("file")
         if upload is None:
             raise ApiError("file: send the script as a multipart part named 'file'.", fields={"file": ["No file was sent."]})
-        try:
-            stored = store_script(project.slug, upload.name, upload.read())
-        except ScriptError as exc:
-            raise ApiError(f"file: {exc}", fields={"file": [str(exc)]}) from exc
+        stored = store_script(project.slug, upload.name, upload.read())
         return Response({"uri": stored.uri, "entry_point": stored.entry_point, "size": stored.size, "sha256": stored.sha256,
                          "files": stored.files}, status=status.HTTP_201_CREATED)

@@ -10,13 +10,17 @@ import tarfile
 from dataclasses import dataclass
 
 from datasets.storage import default_store, object_uri
+from studio.errors import ActionError
 
 MAX_SCRIPT_BYTES = 200 * 1024 * 1024
 MAX_ARCHIVE_MEMBERS = 10_000
 
 
-class ScriptError(Exception):
-    pass
+class ScriptError(ActionError):
+    """An upload that is not a runnable script; the API answers 400 on `file`."""
+
+    def __init__(self, message: str):
+        super().__init__(message, fields={"file": message})
 
 
 @dataclass(frozen=True)

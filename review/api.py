@@ -25,7 +25,6 @@ from review.actions.answers import answer_slot
 from review.actions.claims import claim_in_flows, release_slot, reviewable_flows
 from review.actions.loops import start_human_loop, stop_loop
 from review.actions.teams import create_flow_definition, create_work_team
-from review.errors import ReviewError
 from review.export import export_flow, preview_export, retrain_from_export
 from review.models import Assignment, AssignmentStatus, FlowDefinition, HumanLoop, LoopStatus, WorkTeam
 from review.serializers import (
@@ -42,16 +41,8 @@ from review.serializers import (
 )
 from studio.access import check_role, get_project_for_user
 from studio.api import ApiError, PaginatedAPIView, paginate, project_for_write
-from studio.deletion import DeletionBlocked, blocked_error, destroy_schema
+from studio.deletion import destroy_schema
 from studio.models import Project
-
-STATUS_CODES = {404: "not_found", 409: "conflict", 400: "invalid"}
-
-
-def api_error(exc: ReviewError) -> ApiError:
-    return ApiError(f"{exc.field}: {exc.message}" if exc.status == 400 else exc.message,
-                    code=STATUS_CODES.get(exc.status, "invalid"), status_code=exc.status,
-                    fields={exc.field: [exc.message]})
 
 
 # --- work teams -----------------------------------------------------------------------------
@@ -80,11 +71,8 @@ class WorkTeamListView(PaginatedAPIView):
         if unknown:
             raise ApiError(f"members: Not members of project '{project.slug}': {', '.join(unknown)}.",
                            fields={"members": [f"Not members of project '{project.slug}': {', '.join(unknown)}."]})
-        try:
-            team = create_work_team(project=project, name=data["name"], members=users, user=request.user,
-                                            description=data["description"])
-        except ReviewError as exc:
-            raise api_error(exc) from exc
+        team = create_work_team(project=project, name=data["name"], members=users, user=request.user,
+                                        description=data["description"])
         return Response(work_team_json(team), status=status.HTTP_201_CREATED)
 
 
@@ -97,10 +85,7 @@ class WorkTeamDetailView(APIView):
     def delete(self, request: Request, pk: int) -> Response:
         from review.deletion import delete_work_team
 
-        try:
-            delete_work_team(get_work_team_for_user(request.user, pk, write=True))
-        except DeletionBlocked as exc:
-            raise blocked_error(exc) from exc
+        delete_work_team(get_work_team_for_user(request.user, pk, write=True))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -132,10 +117,7 @@ class FlowDefinitionListView(PaginatedAPIView):
                            fields={"work_team": ["The work team belongs to another project."]})
         project = project_for_write(request.user, team.project.slug)
         data["work_team"] = team
-        try:
-            flow = create_flow_definition(project=project, user=request.user, data=data)
-        except ReviewError as exc:
-            raise api_error(exc) from exc
+        flow = create_flow_definition(project=project, user=request.user, data=data)
         return Response(flow_json(flow), status=status.HTTP_201_CREATED)
 
 
@@ -149,10 +131,7 @@ class FlowDefinitionDetailView(APIView):
     def delete(self, request: Request, pk: int) -> Response:
         from review.deletion import delete_flow
 
-        try:
-            delete_flow(get_flow_for_user(request.user, pk, write=True))
-        except DeletionBlocked as exc:
-            raise blocked_error(exc) from exc
+        delete_flow(get_flow_for_user(request.user, pk, write=True))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -164,11 +143,8 @@ class FlowDefinitionExportView(APIView):
         flow = get_flow_for_user(request.user, pk, write=True)
         serializer = ExportSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        try:
-            version = export_flow(flow, request.user, serializer.validated_data["dataset"],
-                                          serializer.validated_data.get("mode"))
-        except ReviewError as exc:
-            raise api_error(exc) from exc
+        version = export_flow(flow, request.user, serializer.validated_data["dataset"],
+                                      serializer.validated_data.get("mode"))
         if getattr(version, "export_unchanged", False):
             reason = (f"{version.dataset.name} v{version.version} already holds exactly this export; "
                       "no new version was made.")
@@ -186,11 +162,8 @@ class FlowDefinitionExportPreviewView(APIView):
         flow = get_flow_for_user(request.user, pk, write=True)
         serializer = ExportSerializer(data={k: v for k, v in request.query_params.items() if k in ("mode", "dataset")})
         serializer.is_valid(raise_exception=True)
-        try:
-            body = preview_export(flow, serializer.validated_data.get("mode"),
-                                          serializer.validated_data["dataset"])
-        except ReviewError as exc:
-            raise api_error(exc) from exc
+        body = preview_export(flow, serializer.validated_data.get("mode"),
+                                      serializer.validated_data["dataset"])
         return Response(body)
 
 
@@ -202,10 +175,7 @@ class RetrainView(APIView):
         from jobs.serializers import JobSerializer
 
         version = get_version_for_user(request.user, pk, write=True)
-        try:
-            job = retrain_from_export(version, request.user)
-        except ReviewError as exc:
-            raise api_error(exc) from exc
+        job = retrain_from_export(version, request.user)
         return Response(JobSerializer(job_detail_queryset().get(pk=job.pk)).data, status=status.HTTP_201_CREATED)
 
 
@@ -247,11 +217,8 @@ class HumanLoopListView(PaginatedAPIView):
             raise ApiError("flow_definition: No such flow definition.",
                            fields={"flow_definition": ["No such flow definition."]})
         check_role(request.user, flow.project, write=True)
-        try:
-            loop = start_human_loop(name=data["name"], flow=flow, input_content=data["input_content"],
-                                            user=request.user, prediction=data["prediction"])
-        except ReviewError as exc:
-            raise api_error(exc) from exc
+        loop = start_human_loop(name=data["name"], flow=flow, input_content=data["input_content"],
+                                        user=request.user, prediction=data["prediction"])
         return Response(loop_json(loop_queryset().get(pk=loop.pk), answers=[]), status=status.HTTP_201_CREATED)
 
 
@@ -271,10 +238,7 @@ class HumanLoopStopView(APIView):
     @extend_schema(request=None, responses={200: OpenApiTypes.OBJECT})
     def post(self, request: Request, name: str) -> Response:
         loop = get_loop_for_user(request.user, name, write=True)
-        try:
-            stop_loop(loop, request.user)
-        except ReviewError as exc:
-            raise api_error(exc) from exc
+        stop_loop(loop, request.user)
         return Response(loop_detail(loop_queryset().get(pk=loop.pk)))
 
 
@@ -346,10 +310,7 @@ class AnswerView(APIView):
         data = _body_object(request)
         if "answer" not in data:
             raise ApiError("answer: This field is required.", fields={"answer": ["This field is required."]})
-        try:
-            assignment = answer_slot(pk, request.user, data["answer"])
-        except ReviewError as exc:
-            raise api_error(exc) from exc
+        assignment = answer_slot(pk, request.user, data["answer"])
         return Response({"assignment": assignment.pk, "status": assignment.status,
                          "human_loop": assignment.loop.name, "loop_status": assignment.loop.status})
 
@@ -357,9 +318,6 @@ class AnswerView(APIView):
 class ReleaseView(APIView):
     @extend_schema(request=None, responses={200: OpenApiTypes.OBJECT})
     def post(self, request: Request, pk: int) -> Response:
-        try:
-            assignment = release_slot(pk, request.user)
-        except ReviewError as exc:
-            raise api_error(exc) from exc
+        assignment = release_slot(pk, request.user)
         return Response({"assignment": assignment.pk, "status": assignment.status,
                          "human_loop": assignment.loop.name})

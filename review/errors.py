@@ -3,15 +3,11 @@ concerns and the HTTP status the API and pages answer with."""
 
 from __future__ import annotations
 
+from studio.errors import FieldError
 
-class ReviewError(Exception):
+
+class ReviewError(FieldError):
     """Bad input or a state conflict, with the request field it concerns."""
-
-    def __init__(self, field: str, message: str, status: int = 400):
-        super().__init__(message)
-        self.field = field
-        self.message = message
-        self.status = status
 
 
 class LoopNameTaken(ReviewError):

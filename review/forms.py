@@ -10,11 +10,14 @@ import re
 from django import forms
 
 from review.models import LoopOrder, TaskType, WorkTeam
+from studio.forms import ActionFormMixin
 
 LABEL_SPLIT = re.compile(r"[\n,]")
+# Serializer field names that do not exist on the form map to the closest form field.
+FLOW_FIELD_FOR = {"activation": "confidence_below", "project": "work_team"}
 
 
-class WorkTeamForm(forms.Form):
+class WorkTeamForm(ActionFormMixin, forms.Form):
     project = forms.ChoiceField()
     name = forms.CharField(max_length=200)
     members = forms.CharField(
@@ -42,7 +45,8 @@ class WorkTeamChoiceField(forms.ModelChoiceField):
         return f"{obj.name} ({obj.project.slug})"
 
 
-class FlowForm(forms.Form):
+class FlowForm(ActionFormMixin, forms.Form):
+    action_field_for = FLOW_FIELD_FOR
     work_team = WorkTeamChoiceField(queryset=WorkTeam.objects.none(), empty_label=None,
                                     help_text="Its members answer this flow's items in their inbox.")
     name = forms.CharField(max_length=200, help_text="Unique in the project; the API and loop names use it.")
@@ -89,7 +93,3 @@ class FlowForm(forms.Form):
             "task_time_limit_seconds": data["task_time_limit_seconds"], "activation": activation,
             "order": data["order"], "show_prediction": bool(data.get("show_prediction")),
         }
-
-
-# Serializer field names that do not exist on the form map to the closest form field.
-FLOW_FIELD_FOR = {"activation": "confidence_below", "project": "work_team"}

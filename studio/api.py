@@ -1,5 +1,6 @@
-"""The API's shared conventions: the error envelope and pagination (authentication is in
-studio.authentication, which DRF imports while it loads)."""
+"""The API's shared conventions: the error envelope, into which every ActionError an
+action raises is turned, and pagination (authentication is in studio.authentication,
+which DRF imports while it loads)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from rest_framework import exceptions, status
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView, exception_handler
+
+from studio.errors import ActionError
 
 
 class PagePagination(PageNumberPagination):
@@ -56,11 +59,11 @@ class ApiError(exceptions.APIException):
         self.fields = fields or {}
 
 
-def field_errors(fields: dict[str, str]) -> ApiError:
-    """A 400 from an action's {field: message} checks (JobError, TuningError): the first
-    one as the message, every one under `fields`."""
-    name, message = next(iter(fields.items()))
-    return ApiError(f"{name}: {message}", fields={k: [v] for k, v in fields.items()})
+def action_error(exc: ActionError) -> ApiError:
+    """An action's refusal in the envelope: its status, its code (or the status's), its
+    envelope message and each field's message as a one-item list."""
+    return ApiError(exc.envelope_message(), code=exc.code or ERROR_CODES.get(exc.status, "invalid"),
+                    status_code=exc.status, fields={name: [message] for name, message in exc.fields.items()})
 
 
 def project_for_write(user, slug: str):
@@ -112,7 +115,9 @@ def not_found_message(message: str) -> str:
 
 def error_envelope_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """Every API error as {"error": {"code", "message", "fields"}} (docs/SPEC.md §6)."""
-    if isinstance(exc, RequestDataTooBig):
+    if isinstance(exc, ActionError):
+        exc = action_error(exc)
+    elif isinstance(exc, RequestDataTooBig):
         exc = ApiError(f"The request body is too large: {exc}", code="too_large", status_code=413)
     elif isinstance(exc, SuspiciousOperation):  # e.g. TooManyFieldsSent: more than 1,000 form fields
         exc = ApiError(f"The request was refused: {exc}")

@@ -26,6 +26,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.utils import timezone
 
+from studio.errors import ActionError
 from studio.models import PendingDeletion
 
 log = logging.getLogger(__name__)
@@ -94,14 +95,14 @@ class DeletionPlan:
                 "archive": self.archive, "archive_reason": self.archive_reason}
 
 
-class DeletionBlocked(Exception):
-    """The plan has blockers; the message names them (and where to find them)."""
+class DeletionBlocked(ActionError):
+    """The plan has blockers; the message names them (and where to find them). The API
+    answers 409 with code in_use."""
 
     def __init__(self, plan: DeletionPlan):
         self.plan = plan
-        message = " ".join(b.message + (f" ({b.url})" if b.url else "") for b in plan.blockers)
-        super().__init__(message)
-        self.message = message
+        super().__init__(" ".join(b.message + (f" ({b.url})" if b.url else "") for b in plan.blockers),
+                         status=409, code="in_use")
 
 
 def plural(count: int, singular: str, plural_form: str | None = None) -> str:
@@ -187,13 +188,6 @@ def sweep_pending_deletions(stale_after_seconds: int = STALE_AFTER_SECONDS) -> l
     for pending_id in ids:
         run_deletion(pending_id)
     return ids
-
-
-def blocked_error(exc: DeletionBlocked):
-    """The API's 409 for a refused delete: the message names what is in the way."""
-    from studio.api import ApiError
-
-    return ApiError(exc.message, code="in_use", status_code=409)
 
 
 def destroy_schema(kept=None, description: str = ""):

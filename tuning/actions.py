@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from jobs.actions import JobError, NotStoppable, check_submission, stop_job
 from jobs.models import STOP_REQUESTED, JobStatus
+from studio.errors import ActionError
 from studio.models import Project
 from tuning import ranges
 from tuning.models import EndReason, Strategy, TuningJob, TuningStatus
@@ -19,12 +20,11 @@ from tuning.models import EndReason, Strategy, TuningJob, TuningStatus
 log = logging.getLogger(__name__)
 
 
-class TuningError(Exception):
+class TuningError(ActionError):
     """Bad input for a tuning job: {field path: message}."""
 
     def __init__(self, fields: dict[str, str]):
-        super().__init__("; ".join(f"{k}: {v}" for k, v in fields.items()))
-        self.fields = fields
+        super().__init__("; ".join(f"{k}: {v}" for k, v in fields.items()), fields=fields)
 
 
 def check_tuning_job(project: Project, data: dict) -> dict:

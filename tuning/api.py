@@ -9,15 +9,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs.actions import NotStoppable
 from jobs.models import TrainingJob
 from studio.access import get_project_for_user
-from studio.api import ApiError, PaginatedAPIView, field_errors, paginate, project_for_write
-from studio.deletion import ARCHIVED_PARAMETER, DeletionBlocked, blocked_error, destroy_schema, wants_archived
+from studio.api import PaginatedAPIView, paginate, project_for_write
+from studio.deletion import ARCHIVED_PARAMETER, destroy_schema, wants_archived
 from studio.models import Project
 from tuning import actions
 from tuning.access import get_tuning_job_for_user
-from tuning.actions import TuningError
 from tuning.models import TuningJob
 from tuning.serializers import TuningJobCreateSerializer, TuningJobSerializer, TuningJobSummarySerializer, trial_counts
 
@@ -71,10 +69,7 @@ class TuningJobListView(PaginatedAPIView):
         serializer = TuningJobCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         project = project_for_write(request.user, serializer.validated_data["project"])
-        try:
-            tuning = actions.create_tuning_job(project=project, user=request.user, data=serializer.validated_data)
-        except TuningError as exc:
-            raise field_errors(exc.fields) from exc
+        tuning = actions.create_tuning_job(project=project, user=request.user, data=serializer.validated_data)
         return Response(detail(tuning.pk), status=status.HTTP_201_CREATED)
 
 
@@ -90,10 +85,7 @@ class TuningJobDetailView(APIView):
         from tuning.deletion import delete_tuning_job
 
         tuning = get_tuning_job_for_user(request.user, pk, write=True)
-        try:
-            outcome, _ = delete_tuning_job(tuning)
-        except DeletionBlocked as exc:
-            raise blocked_error(exc) from exc
+        outcome, _ = delete_tuning_job(tuning)
         if outcome == "archived":
             return Response(detail(pk))
         return Response(status=status.HTTP_204_NO_CONTENT)
@@ -103,8 +95,5 @@ class TuningJobStopView(APIView):
     @extend_schema(request=None, responses={202: TuningJobSerializer})
     def post(self, request: Request, pk: int) -> Response:
         tuning = get_tuning_job_for_user(request.user, pk, write=True)
-        try:
-            actions.stop_tuning_job(tuning)
-        except NotStoppable as exc:
-            raise ApiError(str(exc), code="conflict", status_code=409) from exc
+        actions.stop_tuning_job(tuning)
         return Response(detail(pk), status=status.HTTP_202_ACCEPTED)
