@@ -14,9 +14,8 @@ from PIL import Image
 
 from algorithms import ALGORITHMS
 from algorithms.base import DataFacts, data_problem
-from datasets.actions import VersionOptions, register_local_files
-from datasets.validation_run import run_validation
 from tests.e2e.conftest import PASSWORD, SCREENSHOTS
+from tests.factories import make_version
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -36,20 +35,7 @@ def versions(project, scientist, tmp_path) -> dict:
         "shapes": {f"{kind}/{i}.png": png(colour) for kind, colour in (("red", (250, 0, 0)), ("blue", (0, 0, 250)))
                    for i in range(3)},
     }
-    made = {}
-    for name, files in contents.items():
-        local = {}
-        for rel, content in files.items():
-            path = tmp_path / name / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(content if isinstance(content, bytes) else content.encode())
-            local[rel] = path
-        version, _ = register_local_files(project=project, name=name, description="", user=scientist, files=local,
-                                          options=VersionOptions())
-        assert run_validation(version.pk) == "ready"
-        version.refresh_from_db()
-        made[name] = version
-    return made
+    return {name: make_version(project, tmp_path, files, name=name, user=scientist) for name, files in contents.items()}
 
 
 def sign_in(page, base: str) -> None:

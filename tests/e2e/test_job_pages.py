@@ -10,12 +10,11 @@ import re
 import pytest
 from django.utils import timezone
 
-from datasets.actions import VersionOptions, register_local_files
 from datasets.storage import join_uri, object_uri, store_for
-from datasets.validation_run import run_validation
 from jobs.models import JobEvent, JobInput, JobStatus, MetricPoint, SystemMetric, TrainingJob
 from tests.conftest import wait_for
 from tests.e2e.conftest import PASSWORD, SCREENSHOTS
+from tests.factories import make_version
 from tests.jobs import conftest as job_fixtures
 from tests.jobs.conftest import wait_status
 
@@ -30,14 +29,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 @pytest.fixture
 def ready_version(project, scientist, tmp_path):
     """A separable table, big enough that an epoch takes several logged steps."""
-    path = tmp_path / "train.csv"
     rows = ["x1,x2,label"] + [f"{i % 13 - 6},{(i * 7) % 11 - 5},{'pos' if i % 13 > 6 else 'neg'}" for i in range(1200)]
-    path.write_text("\n".join(rows) + "\n")
-    version, _ = register_local_files(project=project, name="points", description="", user=scientist,
-                                      files={"train.csv": path}, options=VersionOptions())
-    assert run_validation(version.pk) == "ready"
-    version.refresh_from_db()
-    return version
+    return make_version(project, tmp_path, {"train.csv": "\n".join(rows) + "\n"}, name="points", user=scientist)
 
 
 def sign_in(page, base_url: str) -> None:

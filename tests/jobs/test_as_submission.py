@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from datasets.actions import VersionOptions, register_local_files
-from datasets.validation_run import run_validation
 from jobs.models import TrainingJob
+from tests.factories import make_version
 from tests.jobs.conftest import upload_script
 
 # What two submissions of the same settings may differ in: the name, ids, times, and the
@@ -17,15 +16,8 @@ NOT_COMPARED = {"id", "name", "created_at", "output_uri"}
 
 @pytest.fixture
 def versions(project, owner, tmp_path):
-    made = []
-    for name in ("train", "validation"):
-        path = tmp_path / f"{name}.csv"
-        path.write_text("a,b,label\n" + "".join(f"{i},{i % 7},{'xy'[i % 2]}\n" for i in range(40)))
-        version, _ = register_local_files(project=project, name=name, description="", user=owner,
-                                          files={f"{name}.csv": path}, options=VersionOptions())
-        assert run_validation(version.pk) == "ready"
-        made.append(version)
-    return made
+    table = "a,b,label\n" + "".join(f"{i},{i % 7},{'xy'[i % 2]}\n" for i in range(40))
+    return [make_version(project, tmp_path, {f"{name}.csv": table}, name=name, user=owner) for name in ("train", "validation")]
 
 
 def stored(job: TrainingJob) -> dict:
