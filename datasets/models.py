@@ -1,13 +1,16 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
 from studio.models import Project
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AnonymousUser, User
 
 
 class DatasetFormat(models.TextChoices):
@@ -34,7 +37,7 @@ CHANNELS = ("train", "validation", "test")
 
 
 class DatasetQuerySet(models.QuerySet["Dataset"]):
-    def readable_by(self, user) -> DatasetQuerySet:
+    def readable_by(self, user: User | AnonymousUser) -> DatasetQuerySet:
         return self.filter(project__in=Project.objects.readable_by(user))
 
 
@@ -59,7 +62,7 @@ class Dataset(models.Model):
 
 
 class DatasetVersionQuerySet(models.QuerySet["DatasetVersion"]):
-    def readable_by(self, user) -> DatasetVersionQuerySet:
+    def readable_by(self, user: User | AnonymousUser) -> DatasetVersionQuerySet:
         return self.filter(dataset__project__in=Project.objects.readable_by(user))
 
     def ready(self) -> DatasetVersionQuerySet:

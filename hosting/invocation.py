@@ -13,7 +13,7 @@ import threading
 import time
 from collections import Counter
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import connection
 from django.db.models import F
@@ -22,6 +22,10 @@ from hosting.flows import flow_model, send_predictions
 from hosting.models import Endpoint, ModelKind, ModelVersion
 from hosting.serving import InvalidInstances, parse_instances, predictor_for
 from studio.models import READ_ROLES, aware_datetime, json_column
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AnonymousUser, User
+
 
 FLUSH_SECONDS = 1.0
 
@@ -50,7 +54,7 @@ def _endpoint_sql() -> str:
     return _ENDPOINT_SQL.format(flows=flow_model()._meta.db_table, roles=", ".join(["%s"] * len(_ROLES)))
 
 
-def endpoint_for_invocation(user, name: str) -> Endpoint | None:
+def endpoint_for_invocation(user: User | AnonymousUser, name: str) -> Endpoint | None:
     """The endpoint (with its model_version and flow_definition set) if the user may invoke
     it — a reader of its project — else None (a 404: outsiders learn nothing)."""
     sql = _endpoint_sql()

@@ -5,13 +5,16 @@ dataset version and writes JSONL predictions to the object store."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
 from studio.models import Project
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AnonymousUser, User
 
 
 class ModelKind(models.TextChoices):
@@ -22,7 +25,7 @@ class ModelKind(models.TextChoices):
 
 
 class ModelQuerySet(models.QuerySet["Model"]):
-    def readable_by(self, user) -> ModelQuerySet:
+    def readable_by(self, user: User | AnonymousUser) -> ModelQuerySet:
         return self.filter(project__in=Project.objects.readable_by(user))
 
 
@@ -73,7 +76,7 @@ class ModelVersion(models.Model):
 
 
 class EndpointQuerySet(models.QuerySet["Endpoint"]):
-    def readable_by(self, user) -> EndpointQuerySet:
+    def readable_by(self, user: User | AnonymousUser) -> EndpointQuerySet:
         return self.filter(project__in=Project.objects.readable_by(user))
 
 

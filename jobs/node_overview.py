@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db.models import Case, CharField, Count, F, Q, QuerySet, Value, When
@@ -18,6 +19,9 @@ from django.utils import timezone
 
 from jobs.models import JobStatus, Node, NodeState, TrainingJob
 from studio.models import Project
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AnonymousUser, User
 
 RUNNING_STATUSES = (JobStatus.STARTING, JobStatus.TRAINING, JobStatus.UPLOADING, JobStatus.STOPPING)
 DEFAULT_INSTANCE_TYPE = "cpu"  # TrainingJob.instance_type's default for jobs without one
@@ -72,7 +76,7 @@ def nodes_for_display() -> QuerySet[Node]:
             .order_by("instance_type", "name"))
 
 
-def readable_project_ids(user) -> set[int]:
+def readable_project_ids(user: User | AnonymousUser) -> set[int]:
     """Projects whose jobs the user may open: only their job names and links are shown."""
     return set(Project.objects.readable_by(user).values_list("pk", flat=True))
 

@@ -4,6 +4,8 @@ cannot read."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework.request import Request
@@ -15,8 +17,11 @@ from review.models import FlowDefinition
 from review.stats import flow_stats
 from studio.access import check_role
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AnonymousUser, User
 
-def get_flow_for_reader(user, pk: int) -> FlowDefinition:
+
+def get_flow_for_reader(user: User | AnonymousUser, pk: int) -> FlowDefinition:
     """The flow if the user reads its project (admin, scientist, viewer). Stats and flow
     pages are the project's view of the work: a reviewer, even of this flow's team, gets
     404 like anyone outside the project."""
