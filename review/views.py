@@ -27,7 +27,6 @@ from datasets.models import DatasetVersion, SourceKind
 from review.actions.teams import create_flow_definition, create_work_team
 from review.api_stats import get_flow_for_reader
 from review.consolidation import NO_CONSENSUS
-from review.errors import ReviewError
 from review.export import export_flow, page_source, preview_export, retrain_confirm_text, retrain_from_export, source_uri_of
 from review.forms import FLOW_FIELD_FOR, FlowForm, WorkTeamForm
 from review.markdown import render_instructions
@@ -43,6 +42,7 @@ from review.models import (
 from review.serializers import FlowDefinitionCreateSerializer, claim_json
 from review.stats import flow_stats
 from studio.access import check_role, signed_in
+from studio.forms import run_or_message
 from studio.models import Membership
 from studio.pages import can_write_in, duration_text
 from studio.views import page, project_roles, readable_projects, reviewer_only
@@ -322,17 +322,13 @@ def flow_export(request: HttpRequest, pk: int) -> HttpResponse:
     if request.POST.get("confirmed") != "1":
         # The page's script asks first (a dialog with the preview's sentence) and marks the post
         # confirmed; a post without it (a click before the script ran) gets the same question here.
-        try:
-            preview = preview_export(flow, mode, name)
-        except ReviewError as exc:
-            messages.error(request, f"Export failed: {exc.message}")
+        preview = run_or_message(request, lambda: preview_export(flow, mode, name), failed="Export failed")
+        if preview is None:
             return redirect("review-flow", pk=flow.pk)
         return render(request, "review/export_confirm.html",
                       {"flow": flow, "project": flow.project, "preview": preview, "mode": mode or "", "dataset": name or ""})
-    try:
-        version = export_flow(flow, request.user, name, mode)
-    except ReviewError as exc:
-        messages.error(request, f"Export failed: {exc.message}")
+    version = run_or_message(request, lambda: export_flow(flow, request.user, name, mode), failed="Export failed")
+    if version is None:
         return redirect("review-flow", pk=flow.pk)
     if getattr(version, "export_unchanged", False):
         messages.info(request, f"Nothing new: {version.dataset.name} v{version.version} already holds exactly this "
@@ -355,10 +351,8 @@ def flow_retrain(request: HttpRequest, pk: int, version_pk: int) -> HttpResponse
                .filter(pk=version_pk, source_kind=SourceKind.REVIEW, source_uri=source_uri_of(flow)).first())
     if version is None:
         raise Http404("No such export of this flow.")
-    try:
-        job = retrain_from_export(version, request.user)
-    except ReviewError as exc:
-        messages.error(request, f"Retrain failed: {exc.message}")
+    job = run_or_message(request, lambda: retrain_from_export(version, request.user), failed="Retrain failed")
+    if job is None:
         return redirect(reverse("review-flow", args=[flow.pk]) + "#exports")
     messages.success(request, f"Started {job.name} on {version.dataset.name} v{version.version}.")
     return redirect("job-detail", pk=job.pk)
@@ -394,12 +388,10 @@ def team_create(request: HttpRequest) -> HttpResponse:
         if missing:
             form.add_error("members", f"No user named {', '.join(missing)}.")
         else:
-            try:
-                team = create_work_team(project=project, name=form.cleaned_data["name"], members=list(found.values()),
-                                                 user=request.user, description=form.cleaned_data["description"])
-            except ReviewError as exc:
-                form.add_error(exc.field if exc.field in form.fields else None, exc.message)
-            else:
+            team = form.run_action(lambda: create_work_team(
+                project=project, name=form.cleaned_data["name"], members=list(found.values()), user=request.user,
+                description=form.cleaned_data["description"]))
+            if team is not None:
                 messages.success(request, f"Work team {team.name} created with {len(found)} member{'s' if len(found) != 1 else ''}.")
                 return redirect(reverse("review-flow-create") + f"?team={team.pk}")
     members = {p.slug: sorted(Membership.objects.filter(project=p).values_list("user__username", flat=True))
@@ -424,12 +416,9 @@ def flow_create(request: HttpRequest) -> HttpResponse:
             _serializer_errors(form, serializer.errors, FLOW_FIELD_FOR)
         else:
             team = form.cleaned_data["work_team"]
-            try:
-                flow = create_flow_definition(project=team.project, user=request.user,
-                                                      data={**serializer.validated_data, "work_team": team})
-            except ReviewError as exc:
-                _serializer_errors(form, {exc.field: [exc.message]}, FLOW_FIELD_FOR)
-            else:
+            flow = form.run_action(lambda: create_flow_definition(
+                project=team.project, user=request.user, data={**serializer.validated_data, "work_team": team}))
+            if flow is not None:
                 messages.success(request, f"Flow {flow.name} created. Attach it to an endpoint or a batch prediction, "
                                           "or start items through the API.")
                 return redirect("review-flow", pk=flow.pk)
