@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -22,6 +23,9 @@ from datasets.actions import VersionOptions, register_local_files
 from datasets.models import DatasetVersion
 from datasets.validation_run import run_validation
 from studio.models import Project
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 SEED = 20240607
 
@@ -174,7 +178,7 @@ DEMO_DATASETS = (
 )
 
 
-def load_demo_data(project: Project, user) -> list[DatasetVersion]:
+def load_demo_data(project: Project, user: User | None) -> list[DatasetVersion]:
     """1. Write each dataset's files into a temporary folder.
     2. Register them (identical content returns the existing version).
     3. Validate synchronously, so the versions are ready when this returns; the task that

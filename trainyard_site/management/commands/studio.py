@@ -22,7 +22,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -35,6 +35,9 @@ from django.db import close_old_connections, connections
 from studio import actions
 from studio.models import Project, Role, slug_validator
 from studio.supervisor import ChildSpec, Supervisor
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 DEMO_PROJECT = "demo"
 DEMO_ADMIN = "admin"
@@ -242,7 +245,7 @@ class Command(BaseCommand):
         self.stdout.write(f"    username: {DEMO_ADMIN}\n    password: {password}")
         return admin
 
-    def _load_demo(self, project: Project, user) -> None:
+    def _load_demo(self, project: Project, user: User | None) -> None:
         from datasets.demo import load_demo_data
 
         for version in load_demo_data(project, user):
