@@ -8,39 +8,26 @@ import tarfile
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from datasets.actions import VersionOptions, register_local_files
-from datasets.validation_run import run_validation
 from jobs.models import JobStatus, Node, TrainingJob
+from tests.factories import make_version
 
 
 @pytest.fixture
 def ready_version(project, owner, tmp_path):
-    path = tmp_path / "train.csv"
-    path.write_text("a,b,label\n" + "".join(f"{i},{i % 7},{'xy'[i % 2]}\n" for i in range(60)))
-    version, _ = register_local_files(project=project, name="tiny", description="", user=owner, files={"train.csv": path},
-                                      options=VersionOptions())
-    assert run_validation(version.pk) == "ready"
-    return version
+    table = "a,b,label\n" + "".join(f"{i},{i % 7},{'xy'[i % 2]}\n" for i in range(60))
+    return make_version(project, tmp_path, {"train.csv": table}, name="tiny", user=owner)
 
 
 @pytest.fixture
 def text_version(project, owner, tmp_path):
     """Plain text: what char-lm reads (a table is refused at submit)."""
-    path = tmp_path / "train.txt"
-    path.write_text("".join(f"The quick brown fox {i} jumps over the lazy dog.\n" for i in range(50)))
-    version, _ = register_local_files(project=project, name="prose", description="", user=owner, files={"train.txt": path},
-                                      options=VersionOptions())
-    assert run_validation(version.pk) == "ready"
-    return version
+    prose = "".join(f"The quick brown fox {i} jumps over the lazy dog.\n" for i in range(50))
+    return make_version(project, tmp_path, {"train.txt": prose}, name="prose", user=owner)
 
 
 @pytest.fixture
 def validating_version(project, owner, tmp_path):
-    path = tmp_path / "other.csv"
-    path.write_text("a,label\n1,x\n")
-    version, _ = register_local_files(project=project, name="pending", description="", user=owner, files={"train.csv": path},
-                                      options=VersionOptions())
-    return version
+    return make_version(project, tmp_path, {"train.csv": "a,label\n1,x\n"}, name="pending", user=owner, validate=False)
 
 
 def job_body(version_id: int, **overrides) -> dict:
@@ -162,11 +149,8 @@ def test_version_that_is_not_ready_is_refused(owner, client_for, validating_vers
 
 
 def test_version_of_another_project_is_not_found(owner, outsider, client_for, other_project, tmp_path):
-    path = tmp_path / "x.csv"
-    path.write_text("a,label\n1,x\n2,y\n")
-    theirs, _ = register_local_files(project=other_project, name="theirs", description="", user=outsider,
-                                     files={"train.csv": path}, options=VersionOptions())
-    run_validation(theirs.pk)
+    theirs = make_version(other_project, tmp_path, {"train.csv": "a,label\n1,x\n2,y\n"}, name="theirs", user=outsider,
+                          must_be_ready=False)
     response = submit(client_for(owner), job_body(theirs.pk))
     assert response.status_code == 400
     assert "No dataset version" in response.json()["error"]["message"]

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from datasets.actions import VersionOptions, register_local_files
-from datasets.validation_run import run_validation
 from jobs.models import JobStatus, TrainingJob
+from tests.factories import make_version
 from tests.tuning.conftest import body, create, finish_trial, trials_of
 from tuning.engine import advance
 from tuning.models import TuningJob, TuningStatus
@@ -15,12 +14,8 @@ from tuning.models import TuningJob, TuningStatus
 
 @pytest.fixture
 def ready_version(project, owner, tmp_path):
-    path = tmp_path / "train.csv"
-    path.write_text("a,b,label\n" + "".join(f"{i},{i % 7},{'xy'[i % 2]}\n" for i in range(60)))
-    version, _ = register_local_files(project=project, name="tiny", description="", user=owner,
-                                      files={"train.csv": path}, options=VersionOptions())
-    assert run_validation(version.pk) == "ready"
-    return version
+    table = "a,b,label\n" + "".join(f"{i},{i % 7},{'xy'[i % 2]}\n" for i in range(60))
+    return make_version(project, tmp_path, {"train.csv": table}, name="tiny", user=owner)
 
 
 def tabular_body(version_id: int, **overrides) -> dict:
