@@ -45,3 +45,8 @@ class FieldError(ActionError):
 
     def __init__(self, field: str, message: str, status: int = 400):
         super().__init__(message, fields={field: message}, status=status)
+
+    @property
+    def field(self) -> str:
+        """The field at fault: a FieldError always names one."""
+        return next(iter(self.fields))
