@@ -16,6 +16,7 @@ from jobs.models import JobStatus, MetricPoint, TrainingJob
 from studio.models import PendingDeletion
 from tests.e2e import test_dataset_upload as dataset_pages
 from tests.e2e.conftest import SCREENSHOTS
+from tests.factories import make_job
 
 sign_in = dataset_pages.sign_in
 
@@ -23,8 +24,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def _finished_job(project, user, name: str, points: int) -> TrainingJob:
-    job = TrainingJob.objects.create(project=project, name=name, status=JobStatus.COMPLETED, created_by=user,
-                                     algorithm="tabular-classifier", finished_at=timezone.now())
+    job = make_job(project, name=name, status=JobStatus.COMPLETED, created_by=user, algorithm="tabular-classifier",
+                   finished_at=timezone.now())
     job.output_uri = object_uri(f"jobs/{job.pk}-{uuid.uuid4().hex[:8]}")  # ids repeat across rolled-back tests
     job.model_uri = f"{job.output_uri}/model.tar.gz"
     job.save(update_fields=["output_uri", "model_uri"])

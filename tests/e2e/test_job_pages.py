@@ -14,7 +14,7 @@ from datasets.storage import join_uri, object_uri, store_for
 from jobs.models import JobEvent, JobInput, JobStatus, MetricPoint, SystemMetric, TrainingJob
 from tests.conftest import wait_for
 from tests.e2e.conftest import PASSWORD, SCREENSHOTS
-from tests.factories import make_version
+from tests.factories import make_job, make_version
 from tests.jobs import conftest as job_fixtures
 from tests.jobs.conftest import wait_status
 
@@ -179,8 +179,8 @@ def finished_job(project, user, version, *, name: str, status: str, hyperparamet
     """A finished job as the runner leaves it: timeline, metric points, system samples."""
     now = timezone.now()
     started = now - timezone.timedelta(minutes=4)
-    job = TrainingJob.objects.create(
-        project=project, name=name, algorithm="tabular-classifier", hyperparameters=hyperparameters, created_by=user,
+    job = make_job(
+        project, name=name, algorithm="tabular-classifier", hyperparameters=hyperparameters, created_by=user,
         resources={"instance_type": "cpu", "instance_count": 1, "processes_per_node": 1}, status=status, attempt=1,
         started_at=started, training_started_at=started, finished_at=now, final_metrics=final, failure_reason=failure,
         tags=["e2e"],

@@ -15,6 +15,7 @@ from django.utils import timezone
 from jobs.models import JobStatus, SystemMetric, TrainingJob
 from tests.e2e.conftest import SCREENSHOTS
 from tests.e2e.test_job_pages import sign_in
+from tests.factories import make_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -43,8 +44,8 @@ FAKE_STREAM_JS = """(() => {
 
 def _job(project, user, *, status: str, samples: int) -> TrainingJob:
     now = timezone.now()
-    job = TrainingJob.objects.create(
-        project=project, name="live-one", algorithm="tabular-classifier", hyperparameters={"epochs": 1}, created_by=user,
+    job = make_job(
+        project, name="live-one", algorithm="tabular-classifier", hyperparameters={"epochs": 1}, created_by=user,
         resources={"instance_type": "cpu", "instance_count": 1, "processes_per_node": 1}, status=status, attempt=1,
         started_at=now - timedelta(seconds=30), training_started_at=now - timedelta(seconds=20),
         finished_at=now if status == JobStatus.COMPLETED else None)
