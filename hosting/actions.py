@@ -185,7 +185,9 @@ def resolve_model_version(project: Project, model: Any, version: Any = None, *, 
 
 
 # --- endpoints ----------------------------------------------------------------------------------
-def _flow_in_project(project: Project, flow: Any, version: ModelVersion):
+def flow_in_project(project: Project, flow: Any, version: ModelVersion):
+    """The project's flow definition given as one or its id (None for none), if `version`
+    may send to review."""
     if flow in (None, ""):
         return None
     flows = flow_model()
@@ -202,14 +204,19 @@ def _flow_in_project(project: Project, flow: Any, version: ModelVersion):
     return flow
 
 
-def create_endpoint(*, project: Project, name: str, model_version: ModelVersion, flow_definition: Any = None,
-                    user=None) -> Endpoint:
+def endpoint_name(name: Any) -> str:
+    """The name, stripped, if it can name an endpoint (it is part of the invocation URL)."""
     if not isinstance(name, str) or not ENDPOINT_NAME.match(name.strip()):
         raise HostingError("name", "1–63 letters, digits or hyphens, starting with a letter or digit.")
-    name = name.strip()
+    return name.strip()
+
+
+def create_endpoint(*, project: Project, name: str, model_version: ModelVersion, flow_definition: Any = None,
+                    user=None) -> Endpoint:
+    name = endpoint_name(name)
     if model_version.model.project_id != project.pk:
         raise HostingError("model", f"That model is not in project '{project.slug}'.")
-    flow = _flow_in_project(project, flow_definition, model_version)
+    flow = flow_in_project(project, flow_definition, model_version)
     try:
         with transaction.atomic():
             return Endpoint.objects.create(project=project, name=name, model_version=model_version,
@@ -229,7 +236,7 @@ def update_endpoint(endpoint: Endpoint, *, model_version: ModelVersion | Any = U
             raise HostingError("model", "That model is not in the endpoint's project.")
         changes["model_version"] = model_version
     if flow_definition is not UNSET:
-        changes["flow_definition"] = _flow_in_project(endpoint.project, flow_definition, version)
+        changes["flow_definition"] = flow_in_project(endpoint.project, flow_definition, version)
     elif model_version is not UNSET and endpoint.flow_definition_id and version.kind == ModelKind.GENERATIVE:
         raise HostingError("model", "a generative model cannot serve an endpoint with a review flow; "
                                     "set flow_definition to null in the same request")
@@ -248,14 +255,7 @@ def submit_batch_prediction(*, project: Project, model_version: ModelVersion, da
     """A Pending row, and its task enqueued once the row is committed."""
     from datasets.models import VersionStatus
 
-    if not isinstance(dataset_version, DatasetVersion):
-        try:
-            dataset_version = (DatasetVersion.objects.select_related("dataset")
-                               .filter(pk=int(dataset_version), dataset__project=project).first())
-        except (TypeError, ValueError):
-            raise HostingError("dataset_version", "Give the id of a dataset version.") from None
-    if dataset_version is None or dataset_version.dataset.project_id != project.pk:
-        raise HostingError("dataset_version", f"No dataset version with that id in project '{project.slug}'.")
+    dataset_version = dataset_version_in_project(project, dataset_version)
     if dataset_version.status != VersionStatus.READY:
         raise HostingError("dataset_version", f"dataset version {dataset_version.pk} is {dataset_version.status}, "
                                               "not ready: wait for its validation to finish")
@@ -265,12 +265,26 @@ def submit_batch_prediction(*, project: Project, model_version: ModelVersion, da
     if dataset_version.format not in formats:
         raise HostingError("dataset_version", f"a {model_version.kind} model reads {' or '.join(formats)} datasets; "
                                               f"this version is {dataset_version.format}")
-    flow = _flow_in_project(project, flow_definition, model_version)
+    flow = flow_in_project(project, flow_definition, model_version)
     with transaction.atomic():
         batch = BatchPrediction.objects.create(project=project, model_version=model_version,
                                                dataset_version=dataset_version, flow_definition=flow, created_by=user)
         transaction.on_commit(lambda: enqueue_batch(batch.pk))
     return batch
+
+
+def dataset_version_in_project(project: Project, dataset_version: Any) -> DatasetVersion:
+    """The project's dataset version given as one or its id."""
+    found: DatasetVersion | None = dataset_version if isinstance(dataset_version, DatasetVersion) else None
+    if found is None:
+        try:
+            found = (DatasetVersion.objects.select_related("dataset")
+                     .filter(pk=int(dataset_version), dataset__project=project).first())
+        except (TypeError, ValueError):
+            raise HostingError("dataset_version", "Give the id of a dataset version.") from None
+    if found is None or found.dataset.project_id != project.pk:
+        raise HostingError("dataset_version", f"No dataset version with that id in project '{project.slug}'.")
+    return found
 
 
 def enqueue_batch(pk: int) -> None:

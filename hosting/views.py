@@ -20,8 +20,8 @@ from django.views.decorators.http import require_http_methods
 from datasets.pickers import ready_versions
 from hosting import actions
 from hosting.access import get_endpoint_for_user, get_model_for_user
-from hosting.actions import HostingError
 from hosting.flows import flows_of_project
+from hosting.forms import BatchForm, DeployForm, EndpointSettingsForm, RegisterForm
 from hosting.invocation import flush_invocation_counts
 from hosting.models import BatchPrediction, Endpoint, Model, ModelKind, ModelVersion
 from jobs.models import JobStatus, TrainingJob
@@ -93,21 +93,16 @@ def models(request: HttpRequest) -> HttpResponse:
 @require_http_methods(["POST"])
 def model_register(request: HttpRequest) -> HttpResponse:
     """The register form: a completed job's artifact becomes the next version of a model."""
-    job = TrainingJob.objects.filter(pk=request.POST.get("job") or 0).select_related("project").first()
-    errors: dict[str, str] = {}
-    if job is None or not can_write_in(request, job.project_id):
-        errors["job"] = "Pick a completed job of a project where you are a scientist or admin."
-    else:
-        try:
-            version = actions.register_model(project=job.project, name=request.POST.get("name", ""), job=job,
-                                             user=request.user)
-        except HostingError as exc:
-            errors[exc.field] = exc.message
-        else:
+    form = RegisterForm(request.POST, can_write=lambda project_id: can_write_in(request, project_id))
+    if form.is_valid():
+        job = form.cleaned_data["job"]
+        version = form.run_action(lambda: actions.register_model(project=job.project, name=form.cleaned_data["name"],
+                                                                 job=job, user=request.user))
+        if version is not None:
             messages.success(request, f"Registered {version.model.name} version {version.version}.")
             return redirect("model-detail", pk=version.model_id)
     context = _models_context(request)
-    context.update(register_errors=errors, register_values=request.POST)
+    context.update(register_errors=form.page_errors(), register_values=request.POST)
     return render(request, "hosting/models.html", context, status=400)
 
 
@@ -153,20 +148,18 @@ def endpoint_create(request: HttpRequest, pk: int) -> HttpResponse:
     model = get_model_for_user(request.user, pk)
     if not can_write_in(request, model.project_id):
         raise Forbidden("Deploying needs the scientist or admin role in this project.")
-    errors: dict[str, str] = {}
-    try:
-        version = actions.resolve_model_version(model.project, model, request.POST.get("model_version"))
-        endpoint = actions.create_endpoint(project=model.project, name=request.POST.get("name", ""),
-                                           model_version=version,
-                                           flow_definition=request.POST.get("flow_definition") or None,
-                                           user=request.user)
-    except HostingError as exc:
-        errors[exc.field] = exc.message
-    else:
-        messages.success(request, f"Endpoint {endpoint.name} now serves version {version.version}.")
-        return redirect("endpoint-detail", name=endpoint.name)
+    form = DeployForm(request.POST, model=model)
+    if form.is_valid():
+        data = form.cleaned_data
+        version = data["model_version"]
+        endpoint = form.run_action(lambda: actions.create_endpoint(
+            project=model.project, name=data["name"], model_version=version, flow_definition=data["flow_definition"],
+            user=request.user))
+        if endpoint is not None:
+            messages.success(request, f"Endpoint {endpoint.name} now serves version {version.version}.")
+            return redirect("endpoint-detail", name=endpoint.name)
     context = _model_context(request, model)
-    context.update(deploy_errors=errors, deploy_values=request.POST)
+    context.update(deploy_errors=form.page_errors(), deploy_values=request.POST)
     return render(request, "hosting/model_detail.html", context, status=400)
 
 
@@ -177,20 +170,17 @@ def batch_create(request: HttpRequest, pk: int) -> HttpResponse:
     model = get_model_for_user(request.user, pk)
     if not can_write_in(request, model.project_id):
         raise Forbidden("Batch predictions need the scientist or admin role in this project.")
-    errors: dict[str, str] = {}
-    try:
-        version = actions.resolve_model_version(model.project, model, request.POST.get("model_version"))
-        batch = actions.submit_batch_prediction(project=model.project, model_version=version,
-                                                dataset_version=request.POST.get("dataset_version"),
-                                                flow_definition=request.POST.get("flow_definition") or None,
-                                                user=request.user)
-    except HostingError as exc:
-        errors[exc.field] = exc.message
-    else:
-        messages.success(request, f"Batch prediction #{batch.pk} is queued; this page lists its progress.")
-        return redirect(f"{reverse('model-detail', args=[model.pk])}#batches-panel")
+    form = BatchForm(request.POST, model=model)
+    if form.is_valid():
+        data = form.cleaned_data
+        batch = form.run_action(lambda: actions.submit_batch_prediction(
+            project=model.project, model_version=data["model_version"], dataset_version=data["dataset_version"],
+            flow_definition=data["flow_definition"], user=request.user))
+        if batch is not None:
+            messages.success(request, f"Batch prediction #{batch.pk} is queued; this page lists its progress.")
+            return redirect(f"{reverse('model-detail', args=[model.pk])}#batches-panel")
     context = _model_context(request, model)
-    context.update(batch_errors=errors, batch_values=request.POST)
+    context.update(batch_errors=form.page_errors(), batch_values=request.POST)
     return render(request, "hosting/model_detail.html", context, status=400)
 
 
@@ -238,19 +228,12 @@ def endpoint_update(request: HttpRequest, name: str) -> HttpResponse:
     endpoint = get_endpoint_for_user(request.user, name)
     if not can_write_in(request, endpoint.project_id):
         raise Forbidden("Changing an endpoint needs the scientist or admin role in this project.")
-    errors: dict[str, str] = {}
     before = (endpoint.model_version.version, endpoint.flow_definition.name if endpoint.flow_definition else None)
-    try:
-        # The form always sends its choice; a request without one keeps the version served
-        # (never "the latest", which would switch versions nobody picked).
-        wanted = request.POST.get("model_version", "").strip()
-        version = (actions.resolve_model_version(endpoint.project, endpoint.model_version.model, wanted)
-                   if wanted else actions.UNSET)
-        actions.update_endpoint(endpoint, model_version=version,
-                                flow_definition=request.POST.get("flow_definition") or None)
-    except HostingError as exc:
-        errors[exc.field] = exc.message
-    else:
+    form = EndpointSettingsForm(request.POST, endpoint=endpoint)
+    updated = form.run_action(lambda: actions.update_endpoint(
+        endpoint, model_version=form.cleaned_data["model_version"],
+        flow_definition=form.cleaned_data["flow_definition"])) if form.is_valid() else None
+    if updated is not None:
         endpoint = get_endpoint_for_user(request.user, name)
         after = (endpoint.model_version.version, endpoint.flow_definition.name if endpoint.flow_definition else None)
         changes = []
@@ -262,5 +245,5 @@ def endpoint_update(request: HttpRequest, name: str) -> HttpResponse:
                          else f"Endpoint {endpoint.name} is unchanged.")
         return redirect("endpoint-detail", name=endpoint.name)
     context = _endpoint_context(request, get_endpoint_for_user(request.user, name))
-    context.update(settings_errors=errors, settings_values=request.POST)
+    context.update(settings_errors=form.page_errors(), settings_values=request.POST)
     return render(request, "hosting/endpoint_detail.html", context, status=400)
