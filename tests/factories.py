@@ -4,6 +4,7 @@ test modules are thin wrappers that give these their own defaults."""
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from pathlib import Path
 from typing import Any
@@ -12,10 +13,12 @@ from django.utils import timezone
 
 from datasets.actions import VersionOptions, register_local_files
 from datasets.models import DatasetVersion, VersionStatus
-from datasets.storage import object_uri
+from datasets.storage import default_store, object_uri, store_for
+from datasets.validation import DataFile, ValidationReport, validate_files
 from datasets.validation_run import run_validation
 from jobs.actions import submit_job
 from jobs.models import JobEvent, JobInput, JobStatus, TrainingJob
+from jobs.runner.staging import VersionFacts
 from studio import actions
 from studio.models import Project
 
@@ -84,3 +87,24 @@ def submitted_job(project: Project, user, version: DatasetVersion, *, status: st
         TrainingJob.objects.filter(pk=job.pk).update(status=status, started_at=timezone.now())
         job.refresh_from_db()
     return job
+
+
+def validated_version_facts(tmp_path: Path, files: dict[str, bytes], *, split: dict | None = None,
+                            fmt: str | None = None) -> tuple[VersionFacts, ValidationReport]:
+    """`files` written to the object store and validated by the real validator, as the
+    facts node staging reads (validation's record numbering is what staging and the SDK
+    must reproduce), with the validation report."""
+    prefix = f"facts-{hashlib.sha1(str(tmp_path).encode()).hexdigest()[:8]}-{len(files)}"
+    data_files = []
+    for path, content in files.items():
+        uri = object_uri(f"{prefix}/{path}")
+        with default_store().open_write(uri) as out:
+            out.write(content)
+        data_files.append(DataFile(path=path, uri=uri, size=len(content)))
+    report = validate_files(data_files, format=fmt, open_read=lambda uri: store_for(uri).open_read(uri), split=split)
+    assert report.ok, report.errors
+    by_path = {f.path: f for f in data_files}
+    rows = [{**row, "uri": by_path[row["path"]].uri} for row in report.files]
+    facts = VersionFacts(id=1, label="demo v1", content_hash=report.content_hash, format=report.format, files=rows,
+                         split=split or {})
+    return facts, report

@@ -5,15 +5,14 @@ seed splits the same way it always did."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 from pathlib import Path
 
 import pytest
 
-from datasets.storage import default_store, object_uri, store_for
-from datasets.validation import DataFile, ValidationReport, validate_files
+from datasets.validation import ValidationReport
 from jobs.runner.staging import DataCache, VersionFacts, stage_channel
+from tests.factories import validated_version_facts
 from trainyard import data, records
 
 SPLIT = {"train": 0.6, "validation": 0.3, "test": 0.1, "seed": 7}
@@ -27,19 +26,7 @@ FILES = {
 
 
 def _validated(tmp_path: Path, files: dict[str, bytes], fmt: str) -> tuple[VersionFacts, ValidationReport]:
-    prefix = f"records-{hashlib.sha1(str(tmp_path).encode()).hexdigest()[:8]}"
-    data_files = []
-    for path, content in files.items():
-        uri = object_uri(f"{prefix}/{path}")
-        with default_store().open_write(uri) as out:
-            out.write(content)
-        data_files.append(DataFile(path=path, uri=uri, size=len(content)))
-    report = validate_files(data_files, format=fmt, open_read=lambda uri: store_for(uri).open_read(uri), split=SPLIT)
-    assert report.ok, report.errors
-    by_path = {f.path: f for f in data_files}
-    rows = [{**row, "uri": by_path[row["path"]].uri} for row in report.files]
-    return VersionFacts(id=1, label="demo v1", content_hash=report.content_hash, format=report.format, files=rows,
-                        split=SPLIT), report
+    return validated_version_facts(tmp_path, files, split=SPLIT, fmt=fmt)
 
 
 def _every_record(files: dict[str, bytes], fmt: str) -> tuple[str | None, list[str]]:

@@ -4,7 +4,6 @@ GPU), the job environment, output capture, verdicts, staging and checkpoint sync
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import os
@@ -18,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from datasets.storage import default_store, object_uri, store_for
-from datasets.validation import DataFile, ValidationReport, validate_files
 from jobs.runner.artifacts import CheckpointSync, fetch_script
 from jobs.runner.process import guard
 from jobs.runner.process.capture import LAUNCHER_RANK, OutputCapture, compile_metric_rules, split_prefix
@@ -27,6 +25,7 @@ from jobs.runner.process.launch import LaunchSpec, build_command, describe_exit,
 from jobs.runner.process.outcome import Observed, judge
 from jobs.runner.staging import DataCache, StagingError, VersionFacts, plan_channel, stage_channel
 from studio.redis_conn import redis_client
+from tests.factories import validated_version_facts
 
 PY = "/venv/bin/python"
 
@@ -247,27 +246,7 @@ def test_a_teardown_abort_counts_as_success_only_after_rank_0_wrote_the_model(tm
 
 # --- staging ------------------------------------------------------------------------------------
 def _version(tmp_path: Path, files: dict[str, bytes], *, split: dict | None = None, fmt: str | None = None) -> VersionFacts:
-    return _validated(tmp_path, files, split=split, fmt=fmt)[0]
-
-
-def _validated(tmp_path: Path, files: dict[str, bytes], *, split: dict | None = None,
-               fmt: str | None = None) -> tuple[VersionFacts, ValidationReport]:
-    """Files in the object store, validated by the real validator (its record numbering
-    is what staging must reproduce)."""
-    prefix = f"datasets-{hashlib.sha1(str(tmp_path).encode()).hexdigest()[:8]}-{len(files)}"
-    data_files = []
-    for path, content in files.items():
-        uri = object_uri(f"{prefix}/{path}")
-        with default_store().open_write(uri) as out:
-            out.write(content)
-        data_files.append(DataFile(path=path, uri=uri, size=len(content)))
-    report = validate_files(data_files, format=fmt, open_read=lambda uri: store_for(uri).open_read(uri), split=split)
-    assert report.ok, report.errors
-    by_path = {f.path: f for f in data_files}
-    rows = [{**row, "uri": by_path[row["path"]].uri} for row in report.files]
-    facts = VersionFacts(id=1, label="demo v1", content_hash=report.content_hash, format=report.format, files=rows,
-                         split=split or {})
-    return facts, report
+    return validated_version_facts(tmp_path, files, split=split, fmt=fmt)[0]
 
 
 def test_file_mode_stages_through_a_verified_cache_reused_by_later_jobs(tmp_path):
@@ -316,7 +295,7 @@ def test_a_seeded_split_materialises_exactly_the_records_validation_counted(tmp_
                  "b.jsonl": b"".join(b'{"i": %d}\n' % i for i in range(50, 90))}
     else:
         files = {"a.txt": b"".join(b"line %d\r\n" % i for i in range(70)) + b"\n\n", "b.txt": b"tail\nno newline"}
-    version, report = _validated(tmp_path, files, split=split)
+    version, report = validated_version_facts(tmp_path, files, split=split)
     counts = report.channel_counts
     cache = DataCache(tmp_path / "cache")
 
