@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
@@ -86,7 +87,7 @@ def _next_version_number(dataset: Dataset) -> int:
     return (current or 0) + 1
 
 
-def _lock_dataset(project: Project, name: str, description: str, user) -> Dataset:
+def _lock_dataset(project: Project, name: str, description: str, user: User | None) -> Dataset:
     """Get or create the dataset, locked for the rest of the transaction so two
     concurrent registrations get consecutive version numbers."""
     try:
@@ -109,7 +110,7 @@ def _enqueue_validation(version_id: int) -> None:
     transaction.on_commit(lambda: validate_version_task.delay(version_id))
 
 
-def _create_version(*, dataset: Dataset, user, kind: str, source_uri: str, root_uri: str, files: list[dict],
+def _create_version(*, dataset: Dataset, user: User | None, kind: str, source_uri: str, root_uri: str, files: list[dict],
                     options: VersionOptions, fingerprint: str = "", content_hash: str = "") -> DatasetVersion:
     version = DatasetVersion.objects.create(
         dataset=dataset,
@@ -167,7 +168,7 @@ def _read_alike(version: DatasetVersion, options: VersionOptions) -> bool:
                                                      for key in ("format", "label_column", "text_column", "delimiter"))
 
 
-def register_upload(*, project: Project, name: str, description: str, user, root_uri: str, stored: list[StoredFile],
+def register_upload(*, project: Project, name: str, description: str, user: User | None, root_uri: str, stored: list[StoredFile],
                     options: VersionOptions, kind: str = str(SourceKind.UPLOAD),
                     source_uri: str = "upload") -> tuple[DatasetVersion, bool]:
     """Register files already streamed to `root_uri`. Returns (version, created); when the
@@ -209,7 +210,7 @@ def list_source(source_uri: str) -> list[dict]:
     return [{"path": o.relative_path, "uri": o.uri, "size": o.size, "fingerprint": o.fingerprint} for o in objects]
 
 
-def register_source(*, project: Project, name: str, description: str, user, source_uri: str,
+def register_source(*, project: Project, name: str, description: str, user: User, source_uri: str,
                     options: VersionOptions) -> tuple[DatasetVersion, bool]:
     """Register an s3:// prefix or a server path (file://) in place. Its listing is
     fingerprinted: an unchanged source registered with the same options returns the
@@ -231,7 +232,7 @@ def register_source(*, project: Project, name: str, description: str, user, sour
         return version, True
 
 
-def register_local_files(*, project: Project, name: str, description: str, user, files: dict[str, Path],
+def register_local_files(*, project: Project, name: str, description: str, user: User | None, files: dict[str, Path],
                          options: VersionOptions, kind: str = str(SourceKind.UPLOAD),
                          source_uri: str = "upload") -> tuple[DatasetVersion, bool]:
     """Copy local files (relative path → file) into the object store and register them

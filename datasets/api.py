@@ -5,6 +5,7 @@ from __future__ import annotations
 import posixpath
 
 from django.conf import settings
+from django.contrib.auth.models import AnonymousUser, User
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
@@ -30,13 +31,13 @@ from studio.parsers import FormParser, JSONParser, MultiPartParser
 MULTIPART_OVERHEAD = 1024 * 1024
 
 
-def get_version_for_user(user, pk: int, *, write: bool = False) -> DatasetVersion:
+def get_version_for_user(user: User | AnonymousUser, pk: int, *, write: bool = False) -> DatasetVersion:
     version = get_object_or_404(DatasetVersion.objects.select_related("dataset__project"), pk=pk)
     check_role(user, version.dataset.project, write=write)
     return version
 
 
-def get_dataset_for_user(user, pk: int, *, write: bool = False) -> Dataset:
+def get_dataset_for_user(user: User, pk: int, *, write: bool = False) -> Dataset:
     dataset = get_object_or_404(Dataset.objects.select_related("project"), pk=pk)
     check_role(user, dataset.project, write=write)
     return dataset

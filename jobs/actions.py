@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
@@ -234,7 +235,7 @@ def check_submission(project: Project, data: dict) -> CheckedSubmission:
                              pipeline=pipeline, resources=resources, checkpoint=checkpoint)
 
 
-def submit_job(*, project: Project, user, data: dict) -> TrainingJob:
+def submit_job(*, project: Project, user: User | None, data: dict) -> TrainingJob:
     """1. Resolve and check everything (check_submission).
     2. Create the job (Pending) with its inputs and first timeline entry, in one transaction.
     3. On commit, ask the scheduler to look at the queue."""

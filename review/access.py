@@ -7,6 +7,7 @@ reported as missing (404), so a reviewer cannot even learn that it exists."""
 
 from __future__ import annotations
 
+from django.contrib.auth.models import User
 from django.db.models import Q
 from django.http import Http404
 
@@ -15,7 +16,7 @@ from studio.access import check_role
 from studio.models import Project
 
 
-def get_work_team_for_user(user, pk: int, *, write: bool = False) -> WorkTeam:
+def get_work_team_for_user(user: User, pk: int, *, write: bool = False) -> WorkTeam:
     team = WorkTeam.objects.select_related("project").filter(pk=pk).first()
     if team is None:
         raise Http404("No such work team.")
@@ -23,7 +24,7 @@ def get_work_team_for_user(user, pk: int, *, write: bool = False) -> WorkTeam:
     return team
 
 
-def flows_visible_to(user):
+def flows_visible_to(user: User):
     """Flows of the projects the user reads, and those their work teams review."""
     if user.is_superuser:
         return FlowDefinition.objects.all()
@@ -31,7 +32,7 @@ def flows_visible_to(user):
         Q(project__in=Project.objects.readable_by(user)) | Q(work_team__members=user)).distinct()
 
 
-def get_flow_for_user(user, pk: int, *, write: bool = False) -> FlowDefinition:
+def get_flow_for_user(user: User, pk: int, *, write: bool = False) -> FlowDefinition:
     """The flow if the user reads its project or reviews for it (write: scientist/admin)."""
     flow = FlowDefinition.objects.select_related("project", "work_team").filter(pk=pk).first()
     if flow is None:
@@ -42,7 +43,7 @@ def get_flow_for_user(user, pk: int, *, write: bool = False) -> FlowDefinition:
     return flow
 
 
-def get_loop_for_user(user, name: str, *, write: bool = False) -> HumanLoop:
+def get_loop_for_user(user: User, name: str, *, write: bool = False) -> HumanLoop:
     """A loop by name for project readers (write: scientist/admin). Reviewers see loops
     only through their own assignments, so a loop name alone gives them nothing."""
     loop = (HumanLoop.objects.select_related("project", "flow_definition", "flow_definition__work_team")
@@ -53,7 +54,7 @@ def get_loop_for_user(user, name: str, *, write: bool = False) -> HumanLoop:
     return loop
 
 
-def get_assignment_for_user(user, pk: int) -> Assignment:
+def get_assignment_for_user(user: User, pk: int) -> Assignment:
     """The user's own assignment; anyone else's is missing."""
     assignment = Assignment.objects.select_related("loop", "loop__flow_definition").filter(pk=pk, worker=user).first()
     if assignment is None:

@@ -15,7 +15,7 @@ from rest_framework.views import APIView
 from review.access import get_flow_for_user
 from review.models import FlowDefinition
 from review.stats import flow_stats
-from studio.access import check_role
+from studio.access import check_role, signed_in
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AnonymousUser, User
@@ -25,7 +25,7 @@ def get_flow_for_reader(user: User | AnonymousUser, pk: int) -> FlowDefinition:
     """The flow if the user reads its project (admin, scientist, viewer). Stats and flow
     pages are the project's view of the work: a reviewer, even of this flow's team, gets
     404 like anyone outside the project."""
-    flow = get_flow_for_user(user, pk)
+    flow = get_flow_for_user(signed_in(user), pk)
     check_role(user, flow.project)
     return flow
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from django.contrib.auth.models import User
 from django.db import transaction
 
 from datasets.actions import DatasetError, VersionOptions, register_local_files
@@ -311,7 +312,7 @@ def _check_dataset_name(dataset_name: str | None, base: DatasetVersion) -> None:
                                      "name a dataset of its own.")
 
 
-def export_flow(flow: FlowDefinition, user, dataset_name: str | None = None, mode: str | None = None) -> DatasetVersion:
+def export_flow(flow: FlowDefinition, user: User, dataset_name: str | None = None, mode: str | None = None) -> DatasetVersion:
     """By default (mode merged) the next version of the source job's training dataset: its
     training records with the reviewed ones merged in (see review.merge), the other
     channels unchanged. mode reviewed_only: a version of `dataset_name` (default
@@ -341,7 +342,7 @@ def export_flow(flow: FlowDefinition, user, dataset_name: str | None = None, mod
                          description=f"Labels consolidated by reviewers in flow '{flow.name}'.")
 
 
-def _export_merged(flow: FlowDefinition, user, loops: list[HumanLoop], source: Source,
+def _export_merged(flow: FlowDefinition, user: User, loops: list[HumanLoop], source: Source,
                    dataset_name: str | None) -> DatasetVersion:
     base = _base_of(source)
     _check_dataset_name(dataset_name, base)
@@ -360,7 +361,7 @@ def _export_merged(flow: FlowDefinition, user, loops: list[HumanLoop], source: S
         return _register(flow, user, base.dataset.name, merged.files, options, provenance, description="")
 
 
-def _register(flow: FlowDefinition, user, name: str, files: dict[str, Path], options: VersionOptions,
+def _register(flow: FlowDefinition, user: User, name: str, files: dict[str, Path], options: VersionOptions,
               provenance: dict, description: str) -> DatasetVersion:
     """Copy the files into the store and register the version with its provenance, in
     one transaction (the version is enqueued for validation when it commits)."""
@@ -403,7 +404,7 @@ def source_job_of(version: DatasetVersion):
     raise ReviewError("dataset_version", "No source job: the exported loops did not come from a registered model's job.")
 
 
-def retrain_from_export(version: DatasetVersion, user):
+def retrain_from_export(version: DatasetVersion, user: User):
     """Clone the source job with its "train" channel on the exported version; every other
     channel (validation, test) stays as the source job had it, so the new model is
     measured on the same records. A tuning trial's `tuning:<id>` tag is not carried."""

@@ -15,6 +15,7 @@ from datetime import datetime
 
 from django.contrib import messages
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q, Sum
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
@@ -64,7 +65,7 @@ def start_of_today(now: datetime) -> datetime:
     return timezone.localtime(now).replace(hour=0, minute=0, second=0, microsecond=0)
 
 
-def inbox_flows(user, now: datetime | None = None) -> list[InboxFlow]:
+def inbox_flows(user: User, now: datetime | None = None) -> list[InboxFlow]:
     """The user's work teams' flows with their counts, in three grouped queries."""
     now = now or timezone.now()
     flows = list(FlowDefinition.objects.reviewable_by(user).select_related("project", "work_team")
@@ -88,13 +89,13 @@ def inbox_flows(user, now: datetime | None = None) -> list[InboxFlow]:
 
 @page(reviewers=True)
 def review_inbox(request: HttpRequest) -> HttpResponse:
-    rows = inbox_flows(request.user)
+    rows = inbox_flows(signed_in(request.user))
     return render(request, "review/inbox.html", {
         "rows": rows,
         "available_total": sum(row.available for row in rows),
         "answered_today": sum(row.answered_today for row in rows),
         "is_reader": not reviewer_only(request) and bool(project_roles(request)),
-        "team_names": [] if rows else list(WorkTeam.objects.of_member(request.user).order_by("name")
+        "team_names": [] if rows else list(WorkTeam.objects.of_member(signed_in(request.user)).order_by("name")
                                           .values_list("name", flat=True)[:5]),
         "inbox": {
             "urls": {
@@ -112,7 +113,7 @@ def review_inbox(request: HttpRequest) -> HttpResponse:
 @page(reviewers=True)
 def review_inbox_counts(request: HttpRequest) -> JsonResponse:
     """The inbox's per-flow counts, re-read after each answer so the table stays true."""
-    rows = inbox_flows(request.user)
+    rows = inbox_flows(signed_in(request.user))
     response = JsonResponse({"flows": [{"id": row.flow.pk, "available": row.available, "held": row.held,
                                         "answered_today": row.answered_today} for row in rows]})
     response["Cache-Control"] = "private, no-store"
@@ -126,7 +127,7 @@ def review_inbox_held(request: HttpRequest) -> HttpResponse:
     204 when they hold none. ?flow=<id> narrows to one flow."""
     held = (Assignment.objects.filter(worker=signed_in(request.user), status=AssignmentStatus.HELD,
                                       lease_expires_at__gt=timezone.now(), loop__status=LoopStatus.IN_PROGRESS,
-                                      loop__flow_definition__in=FlowDefinition.objects.reviewable_by(request.user))
+                                      loop__flow_definition__in=FlowDefinition.objects.reviewable_by(signed_in(request.user)))
             .select_related("loop", "loop__flow_definition").order_by("claimed_at", "pk"))
     flow = request.GET.get("flow", "")
     if flow:
@@ -327,7 +328,7 @@ def flow_export(request: HttpRequest, pk: int) -> HttpResponse:
             return redirect("review-flow", pk=flow.pk)
         return render(request, "review/export_confirm.html",
                       {"flow": flow, "project": flow.project, "preview": preview, "mode": mode or "", "dataset": name or ""})
-    version = run_or_message(request, lambda: export_flow(flow, request.user, name, mode), failed="Export failed")
+    version = run_or_message(request, lambda: export_flow(flow, signed_in(request.user), name, mode), failed="Export failed")
     if version is None:
         return redirect("review-flow", pk=flow.pk)
     if getattr(version, "export_unchanged", False):
@@ -351,7 +352,7 @@ def flow_retrain(request: HttpRequest, pk: int, version_pk: int) -> HttpResponse
                .filter(pk=version_pk, source_kind=SourceKind.REVIEW, source_uri=source_uri_of(flow)).first())
     if version is None:
         raise Http404("No such export of this flow.")
-    job = run_or_message(request, lambda: retrain_from_export(version, request.user), failed="Retrain failed")
+    job = run_or_message(request, lambda: retrain_from_export(version, signed_in(request.user)), failed="Retrain failed")
     if job is None:
         return redirect(reverse("review-flow", args=[flow.pk]) + "#exports")
     messages.success(request, f"Started {job.name} on {version.dataset.name} v{version.version}.")
@@ -389,7 +390,7 @@ def team_create(request: HttpRequest) -> HttpResponse:
             form.add_error("members", f"No user named {', '.join(missing)}.")
         else:
             team = form.run_action(lambda: create_work_team(
-                project=project, name=form.cleaned_data["name"], members=list(found.values()), user=request.user,
+                project=project, name=form.cleaned_data["name"], members=list(found.values()), user=signed_in(request.user),
                 description=form.cleaned_data["description"]))
             if team is not None:
                 messages.success(request, f"Work team {team.name} created with {len(found)} member{'s' if len(found) != 1 else ''}.")
@@ -417,7 +418,7 @@ def flow_create(request: HttpRequest) -> HttpResponse:
         else:
             team = form.cleaned_data["work_team"]
             flow = form.run_action(lambda: create_flow_definition(
-                project=team.project, user=request.user, data={**serializer.validated_data, "work_team": team}))
+                project=team.project, user=signed_in(request.user), data={**serializer.validated_data, "work_team": team}))
             if flow is not None:
                 messages.success(request, f"Flow {flow.name} created. Attach it to an endpoint or a batch prediction, "
                                           "or start items through the API.")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied, RequestDataTooBig, SuspiciousOperation
 from django.http import Http404
 from rest_framework import exceptions, status
@@ -66,7 +67,7 @@ def action_error(exc: ActionError) -> ApiError:
                     status_code=exc.status, fields={name: [message] for name, message in exc.fields.items()})
 
 
-def project_for_write(user, slug: str):
+def project_for_write(user: User, slug: str):
     """The project named in a create request, if the user may write in it. A project the
     user cannot even read is reported as missing (400 on `project`), like any bad field."""
     from studio.access import check_role

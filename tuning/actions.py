@@ -7,6 +7,7 @@ import difflib
 import logging
 import secrets
 
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
@@ -143,7 +144,7 @@ def _finished_trial_params(sources: list[TuningJob]) -> list[dict]:
                 .values_list("trial_params", flat=True))
 
 
-def create_tuning_job(*, project: Project, user, data: dict) -> TuningJob:
+def create_tuning_job(*, project: Project, user: User, data: dict) -> TuningJob:
     """1. Check what the serializer could not (check_tuning_job).
     2. Create the tuning job (InProgress), in one transaction.
     3. On commit, an engine tick asks for its first trials."""

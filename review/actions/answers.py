@@ -10,6 +10,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from django.contrib.auth.models import User
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -38,7 +39,7 @@ def check_answer(flow: FlowDefinition, answer: Any) -> dict:
     return {"text": text}
 
 
-def answer_slot(assignment_id: int, user, answer: dict) -> Assignment:
+def answer_slot(assignment_id: int, user: User, answer: dict) -> Assignment:
     """Record the reviewer's answer; the answer that fills the last slot consolidates.
     An assignment whose lease ran out takes no answer (409), and its slot goes back."""
     with transaction.atomic():
@@ -73,7 +74,7 @@ def answer_slot(assignment_id: int, user, answer: dict) -> Assignment:
     return assignment
 
 
-def _answer_in_postgres(assignment_id: int, user, answer: dict) -> Assignment | None:
+def _answer_in_postgres(assignment_id: int, user: User, answer: dict) -> Assignment | None:
     """The answer recorded in the common case (the lean path: the fewest
     statements on the hottest endpoint), with sql.ANSWER_LOCK then sql.ANSWER, and the loop consolidated when it
     was the last one needed; None, with nothing changed, when the case is not the common

@@ -11,6 +11,7 @@ import contextlib
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
+from django.contrib.auth.models import User
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
@@ -26,7 +27,7 @@ CLAIM_CANDIDATES = 8  # how many loops one claim tries before giving up (lost ra
 CLAIM_EXPIRY_BATCH = 20  # expired leases a claim returns before it looks (beat does the rest)
 
 
-def reviewable_flows(user, flow_id: int | None = None) -> list[FlowDefinition]:
+def reviewable_flows(user: User, flow_id: int | None = None) -> list[FlowDefinition]:
     """The flows whose items the user may claim, by id ([] or [that flow] with flow_id).
     Partial instances: the fields claims and claim_json read, never saved. Plain SQL, read
     once per claim."""
@@ -39,7 +40,7 @@ def reviewable_flows(user, flow_id: int | None = None) -> list[FlowDefinition]:
             for pk, name, title, task_type, labels, instructions_html, show_prediction, lease_seconds, order in rows]
 
 
-def claim_next_slot(user, flow: FlowDefinition | int | None = None) -> Assignment | None:
+def claim_next_slot(user: User, flow: FlowDefinition | int | None = None) -> Assignment | None:
     """Hold the next slot the user may answer, for the flow's task_time_limit_seconds;
     None when there is nothing for them (or the flow is not theirs to review). Without a
     flow: the user's teams' flows in turn (by id), each in its own order."""
@@ -47,7 +48,7 @@ def claim_next_slot(user, flow: FlowDefinition | int | None = None) -> Assignmen
     return claim_in_flows(user, reviewable_flows(user, flow_id))
 
 
-def claim_in_flows(user, flows: Sequence[FlowDefinition]) -> Assignment | None:
+def claim_in_flows(user: User, flows: Sequence[FlowDefinition]) -> Assignment | None:
     """The claim over flows from reviewable_flows, in turn. One flow at a time keeps every
     candidate query on its partial index; a query over several flows at once would sort
     their whole backlog. The assignment comes with .loop (name, input_content,
@@ -66,13 +67,13 @@ def claim_in_flows(user, flows: Sequence[FlowDefinition]) -> Assignment | None:
     return None
 
 
-def claim_statement(user, flow_id: int, order: str, lease_seconds: int, now: datetime) -> tuple[str, dict]:
+def claim_statement(user: User, flow_id: int, order: str, lease_seconds: int, now: datetime) -> tuple[str, dict]:
     """The PostgreSQL claim as (sql, params); bench/review.py explains it."""
     return sql.claim(order), {"flow": flow_id, "user": user.pk, "now": now,
                               "lease": now + timedelta(seconds=lease_seconds)}
 
 
-def _claim_in(user, flow: FlowDefinition, now: datetime) -> Assignment | None:
+def _claim_in(user: User, flow: FlowDefinition, now: datetime) -> Assignment | None:
     """A claim within one flow the user may review. PostgreSQL: one statement (review.sql
     locks the candidate with SKIP LOCKED). Elsewhere (SQLite) rows are not locked, so a
     few candidates are tried, each in a savepoint, and the compare-and-set plus the unique
@@ -91,7 +92,7 @@ def _claim_in(user, flow: FlowDefinition, now: datetime) -> Assignment | None:
     return None
 
 
-def _claim_in_postgres(user, flow: FlowDefinition, now: datetime) -> Assignment | None:
+def _claim_in_postgres(user: User, flow: FlowDefinition, now: datetime) -> Assignment | None:
     statement, params = claim_statement(user, flow.pk, flow.order, flow.task_time_limit_seconds, now)
     for _attempt in range(CLAIM_CANDIDATES):
         try:
@@ -121,12 +122,12 @@ def _move_slot(loop_id: int) -> bool:
                 .update(open_slots=F("open_slots") - 1, holds_count=F("holds_count") + 1))
 
 
-def _hold(loop_id: int, user, lease_seconds: int, now: datetime) -> Assignment:
+def _hold(loop_id: int, user: User, lease_seconds: int, now: datetime) -> Assignment:
     return Assignment.objects.create(loop_id=loop_id, worker=user, status=AssignmentStatus.HELD, claimed_at=now,
                                      lease_expires_at=now + timedelta(seconds=lease_seconds))
 
 
-def _take_slot(loop_id: int, user, lease_seconds: int, now: datetime) -> Assignment | None:
+def _take_slot(loop_id: int, user: User, lease_seconds: int, now: datetime) -> Assignment | None:
     """Move one slot of the loop from open to held and record the hold; None if the slot
     went to someone else first (or the user got this loop in another session)."""
     try:
@@ -138,7 +139,7 @@ def _take_slot(loop_id: int, user, lease_seconds: int, now: datetime) -> Assignm
         return None
 
 
-def lock_assignment(assignment_id: int, user) -> tuple[HumanLoop, Assignment]:
+def lock_assignment(assignment_id: int, user: User) -> tuple[HumanLoop, Assignment]:
     """The assignment's loop locked, then the assignment read; ReviewError 404 when the
     assignment is unknown or someone else's. Call inside a transaction. Every change to
     a loop's assignments happens under the loop's row lock, so the assignment read after
@@ -176,7 +177,7 @@ def still_held(loop: HumanLoop, assignment: Assignment, now: datetime) -> str | 
     return None
 
 
-def release_slot(assignment_id: int, user) -> Assignment:
+def release_slot(assignment_id: int, user: User) -> Assignment:
     """The reviewer skips the item: the slot goes back, and they are not offered it again."""
     with transaction.atomic():
         loop, assignment = lock_assignment(assignment_id, user)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 
 from review.errors import ReviewError
@@ -13,7 +14,7 @@ from review.models import FlowDefinition, WorkTeam
 from studio.models import Membership
 
 
-def create_work_team(*, project, name: str, members: Sequence, user, description: str = "") -> WorkTeam:
+def create_work_team(*, project, name: str, members: Sequence, user: User, description: str = "") -> WorkTeam:
     """A team of the project's members. Members must belong to the project (any role)."""
     member_ids = {m.pk for m in members}
     in_project = set(Membership.objects.filter(project=project, user_id__in=member_ids).values_list("user_id", flat=True))
@@ -29,7 +30,7 @@ def create_work_team(*, project, name: str, members: Sequence, user, description
     return team
 
 
-def create_flow_definition(*, project, user, data: dict[str, Any]) -> FlowDefinition:
+def create_flow_definition(*, project, user: User, data: dict[str, Any]) -> FlowDefinition:
     """A flow from validated serializer data (shapes are checked there; here what needs
     the database: the team and its size)."""
     team = data["work_team"]
