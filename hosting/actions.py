@@ -13,6 +13,7 @@ import tarfile
 from datetime import timedelta
 from typing import Any
 
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
@@ -123,7 +124,7 @@ def _job_in_project(project: Project, job: TrainingJob | int | None) -> Training
     return found
 
 
-def register_model(*, project: Project, name: str, job: TrainingJob | int, user=None,
+def register_model(*, project: Project, name: str, job: TrainingJob | int, user: User | None = None,
                    description: str = "") -> ModelVersion:
     """1. Check the job: same project, Completed, with a model artifact written by a
     built-in algorithm. 2. Read config.json/labels.json from the artifact (outside the

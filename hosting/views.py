@@ -26,7 +26,7 @@ from hosting.invocation import flush_invocation_counts
 from hosting.models import BatchPrediction, Endpoint, Model, ModelKind, ModelVersion
 from jobs.models import JobStatus, TrainingJob
 from jobs.summary import key_metric
-from studio.access import Forbidden
+from studio.access import Forbidden, signed_in
 from studio.models import Project
 from studio.pages import can_write_in
 from studio.views import page, project_roles, readable_projects
@@ -97,7 +97,7 @@ def model_register(request: HttpRequest) -> HttpResponse:
     if form.is_valid():
         job = form.cleaned_data["job"]
         version = form.run_action(lambda: actions.register_model(project=job.project, name=form.cleaned_data["name"],
-                                                                 job=job, user=request.user))
+                                                                 job=job, user=signed_in(request.user)))
         if version is not None:
             messages.success(request, f"Registered {version.model.name} version {version.version}.")
             return redirect("model-detail", pk=version.model_id)

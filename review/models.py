@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import ClassVar
 
 from django.conf import settings
+from django.contrib.auth.models import User
 from django.db import models
 from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
@@ -61,7 +62,7 @@ LIVE_ASSIGNMENT_STATUSES = (AssignmentStatus.HELD, AssignmentStatus.ANSWERED, As
 
 
 class WorkTeamQuerySet(models.QuerySet["WorkTeam"]):
-    def of_member(self, user) -> WorkTeamQuerySet:
+    def of_member(self, user: User) -> WorkTeamQuerySet:
         return self.filter(members=user)
 
 
@@ -84,7 +85,7 @@ class WorkTeam(models.Model):
 
 
 class FlowDefinitionQuerySet(models.QuerySet["FlowDefinition"]):
-    def reviewable_by(self, user) -> FlowDefinitionQuerySet:
+    def reviewable_by(self, user: User) -> FlowDefinitionQuerySet:
         """The flows whose items this user may claim: those of their work teams."""
         return self.filter(work_team__members=user)
 
@@ -125,7 +126,7 @@ class HumanLoopQuerySet(models.QuerySet["HumanLoop"]):
     def in_progress(self) -> HumanLoopQuerySet:
         return self.filter(status=LoopStatus.IN_PROGRESS)
 
-    def claimable_by(self, user, now: datetime) -> HumanLoopQuerySet:
+    def claimable_by(self, user: User, now: datetime) -> HumanLoopQuerySet:
         """Loops with an open slot, still available at `now`, that the user holds, answered
         or skipped nothing of: what a claim may give them (SQLite's claim path) and what the
         inbox counts as available. PostgreSQL's claim says the same in review.sql."""

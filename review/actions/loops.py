@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -45,7 +46,7 @@ def _new_loop(*, name: str, flow: FlowDefinition, input_content: dict, predictio
     )
 
 
-def start_human_loop(*, name: str, flow: FlowDefinition, input_content: dict, user=None,
+def start_human_loop(*, name: str, flow: FlowDefinition, input_content: dict, user: User | None = None,
                      prediction: dict | None = None, activation_reason: str = "api",
                      source: dict | None = None, model_version=None) -> HumanLoop:
     """StartHumanLoop: one loop, whatever the activation conditions say."""
@@ -129,7 +130,7 @@ def end_loop(loop: HumanLoop, status: str, now: datetime) -> None:
     loop.save(update_fields=["status", "completed_at", "open_slots", "holds_count"])
 
 
-def stop_loop(loop: HumanLoop, user=None) -> HumanLoop:
+def stop_loop(loop: HumanLoop, user: User | None = None) -> HumanLoop:
     """StopHumanLoop: an InProgress loop ends Stopped; answers already given are kept."""
     with transaction.atomic():
         locked = HumanLoop.objects.select_for_update().get(pk=loop.pk)
