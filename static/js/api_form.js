@@ -377,7 +377,20 @@
     return inputs;
   }
 
+  // What both form pages start from: the form, its page data, the algorithms by name and
+  // the boxes the shared pieces fill; null on a page without the form.
+  function formPage(formId, dataId) {
+    var form = el(formId);
+    var data = Trainyard.pageData(dataId);
+    if (!form || !data) return null;
+    var algorithms = {};
+    data.algorithms.forEach(function (spec) { algorithms[spec.name] = spec; });
+    return { form: form, data: data, algorithms: algorithms, topError: el("form-error"),
+             hpGrid: el("hyperparameter-fields"), channelBox: el("channel-fields") };
+  }
+
   Trainyard.apiForm = {
+    el: el, formPage: formPage,
     make: make, errorSlot: errorSlot, option: option, display: display, parseLines: parseLines,
     decodeValue: decodeValue, wholeNumber: wholeNumber,
     request: request, flatten: flatten, fieldFor: fieldFor, clearError: clearError, clearErrors: clearErrors,

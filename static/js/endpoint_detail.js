@@ -5,14 +5,10 @@
   "use strict";
   var form = document.getElementById("try-form");
   if (!form) return;
-  var textarea = document.getElementById("try-instances");
-  var errorBox = document.getElementById("try-error");
-  var statusBox = document.getElementById("try-status");
-  var result = document.getElementById("try-result");
-  var tbody = document.querySelector("#predictions-table tbody");
-  var loops = document.getElementById("try-loops");
-  var button = document.getElementById("try-submit");
-  var counter = document.getElementById("endpoint-invocations");
+  var byId = function (id) { return document.getElementById(id); };
+  var textarea = byId("try-instances"), errorBox = byId("try-error"), statusBox = byId("try-status");
+  var result = byId("try-result"), tbody = document.querySelector("#predictions-table tbody"), loops = byId("try-loops");
+  var button = byId("try-submit"), counter = byId("endpoint-invocations");
 
   var csrfToken = window.Trainyard.csrfToken;
 

@@ -5,12 +5,9 @@
 (function () {
   "use strict";
 
-  var source = document.getElementById("job-live");
-  if (!source) return;
-  var live = JSON.parse(source.textContent);
-  var shared = window.Trainyard.live;
-  var getJSON = shared.getJSON;
-  var escapeLabel = shared.escapeLabel;
+  var live = window.Trainyard.pageData("job-live");
+  if (!live) return;
+  var shared = window.Trainyard.live, getJSON = shared.getJSON, escapeLabel = shared.escapeLabel;
   var MAX_LOG_LINES = 2000;
   var MAX_TRACE_POINTS = 20000;  // extendTraces drops the oldest beyond this: the page stays light
   var HISTORY_POINTS = 1000;

@@ -6,20 +6,11 @@
 (function () {
   "use strict";
 
-  var form = document.getElementById("job-form");
-  var source = document.getElementById("job-form-data");
-  if (!form || !source) return;
-  var data = JSON.parse(source.textContent);
-  var clone = data.clone;
-  var algorithms = {};
-  data.algorithms.forEach(function (spec) { algorithms[spec.name] = spec; });
-
-  var api = window.Trainyard.apiForm;
-  var make = api.make;
-  var el = function (id) { return document.getElementById(id); };
-  var topError = el("form-error");
-  var hpGrid = el("hyperparameter-fields");
-  var channelBox = el("channel-fields");
+  var api = window.Trainyard.apiForm, make = api.make, el = api.el;
+  var page = api.formPage("job-form", "job-form-data");
+  if (!page) return;
+  var form = page.form, data = page.data, clone = data.clone, algorithms = page.algorithms;
+  var topError = page.topError, hpGrid = page.hpGrid, channelBox = page.channelBox;
   var metricRows = el("metric-rows");
   var scriptFile = el("id_script_file");
   var scriptSummary = el("script-summary");

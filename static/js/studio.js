@@ -1,6 +1,7 @@
 // Behaviour every page shares: relative times that stay current, confirmation before
 // destructive forms, selects that submit on change (the project switcher), and the CSRF
-// token for the pages' scripts that post (window.Trainyard.csrfToken). Loaded first.
+// token for the pages' scripts that post (window.Trainyard.csrfToken), and the JSON a page
+// hands its script in a <script type="application/json"> (Trainyard.pageData). Loaded first.
 (function () {
   "use strict";
 
@@ -13,6 +14,11 @@
 
   var Trainyard = window.Trainyard = window.Trainyard || {};
   Trainyard.csrfToken = csrfToken;
+  // The page's JSON in the element with this id, or null on a page without it.
+  Trainyard.pageData = function (id) {
+    var node = document.getElementById(id);
+    return node ? JSON.parse(node.textContent) : null;
+  };
 
   function phrase(date, now) {
     var seconds = (now - date) / 1000;

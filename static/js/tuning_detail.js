@@ -8,12 +8,9 @@
 (function () {
   "use strict";
 
-  var source = document.getElementById("tuning-live");
-  if (!source) return;
-  var live = JSON.parse(source.textContent);
-  var shared = window.Trainyard.live;
-  var getJSON = shared.getJSON;
-  var escapeLabel = shared.escapeLabel;
+  var live = window.Trainyard.pageData("tuning-live");
+  if (!live) return;
+  var shared = window.Trainyard.live, getJSON = shared.getJSON, escapeLabel = shared.escapeLabel;
   var styles = getComputedStyle(document.documentElement);
   var COLOURS = { Completed: "#23804a", Pruned: "#9a5a06", Failed: "#bd2b2b", Stopped: "#56606d", Running: "#6741c9" };
   var ORDER = ["Completed", "Pruned", "Running", "Stopped", "Failed"];

@@ -8,23 +8,12 @@
 (function () {
   "use strict";
 
-  var form = document.getElementById("tuning-form");
-  var source = document.getElementById("tuning-form-data");
-  if (!form || !source) return;
-  var data = JSON.parse(source.textContent);
-  var prefill = data.prefill;
-  var scriptMode = Boolean(prefill && !prefill.job.algorithm);
-  var algorithms = {};
-  data.algorithms.forEach(function (spec) { algorithms[spec.name] = spec; });
-
-  var api = window.Trainyard.apiForm;
-  var make = api.make;
-  var option = api.option;
-  var display = api.display;
-  var el = function (id) { return document.getElementById(id); };
-  var topError = el("form-error");
-  var hpGrid = el("hyperparameter-fields");
-  var channelBox = el("channel-fields");
+  var api = window.Trainyard.apiForm, make = api.make, el = api.el, option = api.option, display = api.display;
+  var page = api.formPage("tuning-form", "tuning-form-data");
+  if (!page) return;
+  var form = page.form, data = page.data, algorithms = page.algorithms;
+  var prefill = data.prefill, scriptMode = Boolean(prefill && !prefill.job.algorithm);
+  var topError = page.topError, hpGrid = page.hpGrid, channelBox = page.channelBox;
   var rangeBox = el("range-rows");
   var metricSelect = el("id_objective_metric");
   var metricText = el("id_objective_metric_text");
