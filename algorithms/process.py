@@ -18,8 +18,8 @@ import torch
 
 from algorithms.base import AlgorithmSpec, validate_hyperparameters
 from algorithms.metrics import MetricLogger
-from trainyard import protocol
 from trainyard.env import TrainingEnvironment
+from trainyard.env import read_distribution as read_job_distribution
 from trainyard.errors import DataError
 from trainyard.parallel.processes import Distributed, emit, seed_everything, start_distributed, stop_distributed
 
@@ -89,9 +89,9 @@ def run_algorithm(spec: AlgorithmSpec, train: Callable[[Context], None]) -> None
 
 
 def read_distribution(spec: AlgorithmSpec) -> str:
-    """TRAINYARD_DISTRIBUTION ("none" when unset, as in a run by hand), if the algorithm
+    """TRAINYARD_DISTRIBUTION's kind ("none" when unset, as in a run by hand), if the algorithm
     supports it; the API checks the same, so only a hand-made environment gets this far."""
-    distribution = os.environ.get(protocol.ENV_DISTRIBUTION, "").strip() or "none"
+    distribution = read_job_distribution()["kind"]
     if distribution not in spec.distributions:
         raise DataError(f"{spec.name} does not support distribution {distribution!r}; it supports "
                         f"{', '.join(spec.distributions)}")

@@ -16,9 +16,17 @@ from pathlib import Path
 from typing import Any
 
 from trainyard import protocol
+from trainyard.errors import DataError
 
 SAGEMAKER_BASE = "/opt/ml"
 _CHANNEL_PREFIX = "SM_CHANNEL_"
+DISTRIBUTION_KINDS = ("none", "ddp", "fsdp", "pipeline")
+PIPELINE_SCHEDULES = ("gpipe", "1f1b")
+# A pipeline's settings in TRAINYARD_DISTRIBUTION's order, with the API's defaults for those
+# a job may leave out (jobs.serializers.PipelineSerializer).
+PIPELINE_SETTINGS = ("stages", "microbatches", "schedule", "partition", "memory_cap_mb", "ddp")
+PIPELINE_DEFAULTS: dict[str, Any] = {"microbatches": 4, "schedule": "gpipe", "partition": "auto", "memory_cap_mb": None,
+                                     "ddp": False}
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,14 @@ class TrainingEnvironment:
     node_name: str = ""
     checkpoint_every_steps: int = 0  # 0: only at the end of each epoch
     extra: dict[str, str] = field(default_factory=dict, repr=False)  # unused SM_* variables, for scripts
+    # TRAINYARD_DISTRIBUTION and TRAINYARD_PIPELINE as launched; read by `distribution`, so a
+    # bad hand-made value is a DataError where the job's settings are used, not in from_env.
+    distribution_variables: dict[str, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def distribution(self) -> dict[str, Any]:
+        """The job's distribution: read_distribution() of the variables this process got."""
+        return read_distribution(self.distribution_variables)
 
     @property
     def is_main_process(self) -> bool:
@@ -82,7 +98,96 @@ class TrainingEnvironment:
             checkpoint_every_steps=max(_int(env, protocol.ENV_CHECKPOINT_EVERY_STEPS, 0), 0),
             extra={name: value for name, value in env.items()
                    if name.startswith("SM_") and name not in known and not name.startswith(_CHANNEL_PREFIX)},
+            distribution_variables={name: env[name] for name in (protocol.ENV_DISTRIBUTION, protocol.ENV_PIPELINE)
+                                    if name in env},
         )
+
+
+def distribution_variable(kind: str, pipeline: Mapping[str, Any] | None = None) -> str:
+    """TRAINYARD_DISTRIBUTION's value for a job's `distribution` and `pipeline`: one JSON
+    object, {"kind": kind}, and for "pipeline" every setting in PIPELINE_SETTINGS, the ones the
+    job left out at their defaults."""
+    value: dict[str, Any] = {"kind": kind}
+    if kind == "pipeline":
+        given = dict(pipeline or {})
+        value.update({name: given.get(name, PIPELINE_DEFAULTS.get(name)) for name in PIPELINE_SETTINGS})
+    return json.dumps(value)
+
+
+def read_distribution(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The job's distribution, from TRAINYARD_DISTRIBUTION: {"kind": "none" | "ddp" | "fsdp" |
+    "pipeline", ...}; for "pipeline" with every setting ("stages", "microbatches", "schedule",
+    "partition", "memory_cap_mb", "ddp").
+
+    1. Takes the JSON object the runner writes, the bare word older runners wrote ("ddp"), or
+       nothing ({"kind": "none"}, as in a run by hand).
+    2. For "pipeline", a setting the object lacks comes from TRAINYARD_PIPELINE, then the
+       API's default; "stages" last from WORLD_SIZE (a run by hand: one stage per process).
+    3. A hand-made value the job could not run with is a DataError that says what is wrong."""
+    env = os.environ if environ is None else environ
+    name = protocol.ENV_DISTRIBUTION
+    raw = env.get(name, "").strip()
+    value: dict[str, Any]
+    if not raw:
+        value = {"kind": "none"}
+    elif raw.isidentifier():
+        value = {"kind": raw}
+    else:
+        try:
+            parsed = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{name} is not valid JSON: {exc} (got {raw[:200]!r})") from None
+        if not isinstance(parsed, dict):
+            raise DataError(f'{name} must be a JSON object such as {{"kind": "ddp"}}, got {raw[:200]!r}')
+        value = dict(parsed)
+    kind = value.get("kind")
+    if not isinstance(kind, str):
+        raise DataError(f'{name} needs "kind": one of {", ".join(DISTRIBUTION_KINDS)}; got {raw[:200]!r}')
+    if kind not in DISTRIBUTION_KINDS:
+        raise DataError(f"{name}: unknown kind {kind!r}; use one of {', '.join(DISTRIBUTION_KINDS)}")
+    if kind == "pipeline":
+        value = {**value, **_pipeline_settings(value, env)}
+    return value
+
+
+def _pipeline_settings(value: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    """A pipeline's settings: the distribution object's, then TRAINYARD_PIPELINE's, then the
+    defaults, each checked (the API checked a job's; a hand-made environment may be wrong)."""
+    raw = env.get(protocol.ENV_PIPELINE, "").strip() or "{}"
+    try:
+        separate = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{protocol.ENV_PIPELINE} is not valid JSON: {exc}") from None
+    if not isinstance(separate, dict):
+        raise DataError(f"{protocol.ENV_PIPELINE} must be a JSON object, got {raw[:200]!r}")
+    fallback: dict[str, Any] = {**PIPELINE_DEFAULTS, **separate}
+    if "stages" not in fallback and env.get("WORLD_SIZE", "").strip():
+        fallback["stages"] = _int(env, "WORLD_SIZE", 1)
+    settings = {name: value[name] if name in value else fallback.get(name) for name in PIPELINE_SETTINGS}
+    where = f"{protocol.ENV_DISTRIBUTION}: pipeline"
+
+    def whole(name: str, minimum: int) -> None:
+        number = settings[name]
+        if not isinstance(number, int) or isinstance(number, bool) or number < minimum:
+            raise DataError(f"{where} {name} must be a whole number ≥ {minimum}, got {number!r}")
+
+    if settings["stages"] is None:
+        raise DataError(f'{where} needs "stages" (in {protocol.ENV_DISTRIBUTION}, {protocol.ENV_PIPELINE} or from '
+                        f"WORLD_SIZE)")
+    whole("stages", 1)
+    whole("microbatches", 1)
+    if settings["memory_cap_mb"] is not None:
+        whole("memory_cap_mb", 1)
+    if settings["schedule"] not in PIPELINE_SCHEDULES:
+        raise DataError(f"{where} schedule must be one of {', '.join(PIPELINE_SCHEDULES)}, got {settings['schedule']!r}")
+    partition = settings["partition"]
+    if not (partition in ("auto", "even") or (
+            isinstance(partition, list) and partition
+            and all(isinstance(count, int) and not isinstance(count, bool) and count >= 1 for count in partition))):
+        raise DataError(f'{where} partition must be "auto", "even" or a list of layer counts per stage, got {partition!r}')
+    if not isinstance(settings["ddp"], bool):
+        raise DataError(f"{where} ddp must be true or false, got {settings['ddp']!r}")
+    return settings
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:

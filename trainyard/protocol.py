@@ -27,9 +27,12 @@ ENV_ATTEMPT = "TRAINYARD_ATTEMPT"
 ENV_REDIS_URL = "TRAINYARD_REDIS_URL"
 ENV_CHECKPOINT_EVERY_STEPS = "TRAINYARD_CHECKPOINT_EVERY_STEPS"
 ENV_NODE_NAME = "TRAINYARD_NODE_NAME"
-# The job's `distribution` ("none" | "ddp" | "fsdp" | "pipeline") and, for "pipeline", its
-# settings as JSON ({"stages", "microbatches", "schedule", "partition", "memory_cap_mb"}).
+# The job's distribution as one JSON object (trainyard.env.read_distribution reads it):
+# {"kind": "none" | "ddp" | "fsdp" | "pipeline"} plus, for "pipeline", its settings
+# ("stages", "microbatches", "schedule", "partition", "memory_cap_mb", "ddp"). Runners before
+# the object wrote the bare word ("ddp"); readers accept both.
 ENV_DISTRIBUTION = "TRAINYARD_DISTRIBUTION"
+# The job's `pipeline` settings alone, as JSON ({} unless the distribution is "pipeline").
 ENV_PIPELINE = "TRAINYARD_PIPELINE"
 # A folder where rank 0 writes <name>.json reports (trainyard.report); the studio shows
 # them on the job's page and in the API (`details`).

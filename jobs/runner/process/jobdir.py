@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from trainyard import protocol
+from trainyard.env import distribution_variable
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 # What a job's processes import besides their own code and the Python environment's packages:
@@ -256,7 +257,7 @@ def build_environment(job_dir: JobDir, facts: LaunchFacts, base: Mapping[str, st
         protocol.ENV_REDIS_URL: facts.redis_url,
         protocol.ENV_CHECKPOINT_EVERY_STEPS: str(facts.checkpoint_every_steps),
         protocol.ENV_NODE_NAME: facts.current_host,
-        protocol.ENV_DISTRIBUTION: facts.distribution,
+        protocol.ENV_DISTRIBUTION: distribution_variable(facts.distribution, facts.pipeline),
         protocol.ENV_PIPELINE: json.dumps(dict(facts.pipeline)),
         protocol.ENV_REPORT_DIR: str(job_dir.report_dir),
         "PYTHONUNBUFFERED": "1",
