@@ -33,7 +33,7 @@ from jobs.models import FINISHED_STATUSES, JobAttempt, JobInput, JobStatus, Node
 from jobs.runner import artifacts
 from jobs.runner.config import RunnerConfig
 from jobs.runner.lease import LeaseKeeper
-from jobs.runner.process import guard, outcome
+from jobs.runner.process import envs, guard, outcome
 from jobs.runner.process.capture import LAUNCHER_RANK, LivePublisher, OutputCapture, compile_metric_rules
 from jobs.runner.process.jobdir import JobDir, LaunchFacts, build_environment, python_executable, write_config
 from jobs.runner.process.launch import (
@@ -141,6 +141,8 @@ class NodeRun:
         self.syncer: PeriodicSync | None = None
         self.exit_code: int | None = None
         self._reported: dict = {}
+        self.environment: envs.JobEnvironment | None = None  # a script's requirements.txt, installed
+        self.python = python_executable()  # what the job runs with: the node's, or its environment's
 
     # --- the whole run ------------------------------------------------------------------------
     def execute(self) -> str:
@@ -210,6 +212,9 @@ class NodeRun:
             script = artifacts.fetch_script(self.job.script_uri, self.job.entry_point, self.job_dir.code_dir)
             module, entry_point = "", script
             args = script_arguments(self.job.hyperparameters)
+            self.environment = self.job_environment()
+            if self.environment is not None:
+                self.python = self.environment.python
         else:
             raise StagingError("the job names neither an algorithm nor a script")
         if self.checkpoints is not None:
@@ -231,12 +236,39 @@ class NodeRun:
             # The API checks against the largest node of the type; a smaller one got it.
             raise StagingError(f"{processes} processes per node do not fit node {node.name} ({node.cpus} CPUs, "
                                f"{node.gpus} GPUs); use processes_per_node ≤ {max(node.cpus, node.gpus, 1)}")
-        spec = LaunchSpec(job_id=self.job_id, attempt=self.attempt, python=python_executable(),
+        spec = LaunchSpec(job_id=self.job_id, attempt=self.attempt, python=self.python,
                           spool_dir=self.job_dir.spool_dir, module=module, script=script, args=args,
                           nnodes=self.job.instance_count, node_rank=self.node_rank,
                           nproc_per_node=self.job.resources.get("processes_per_node"), gpus=node.gpus,
                           rendezvous_endpoint=self.rendezvous_endpoint() if self.job.instance_count > 1 else "")
-        return spec, {**build_environment(self.job_dir, facts), **launch_environment(spec)}
+        env = {**build_environment(self.job_dir, facts), **launch_environment(spec)}
+        if self.environment is not None:
+            env.update(self.environment.variables(env))
+        return spec, env
+
+    def job_environment(self) -> envs.JobEnvironment | None:
+        """A script folder's requirements.txt becomes a job environment on this node
+        (jobs.runner.process.envs): built by the first job that asks for it, reused by the
+        ones after. StagingError with the reason when a line is refused or the install fails."""
+        path = self.job_dir.code_dir / envs.REQUIREMENTS_FILE
+        if not path.is_file():
+            return None
+        node = self.claim.node.name
+        try:
+            requirements = envs.read_requirements(path)
+            environment = envs.ensure_environment(
+                requirements, self.config.envs_dir,
+                sources=envs.Sources.of(self.config.pip_index_url, self.config.pip_find_links),
+                announce=lambda message: self._note(f"node {node}: {message}"))
+        except envs.RequirementsError as exc:
+            raise StagingError(str(exc)) from exc
+        if environment.reused:
+            self._note(f"node {node}: reused the environment for {envs.REQUIREMENTS_FILE} "
+                       f"({requirements.describe()})")
+        else:
+            self._note(f"node {node}: installed {requirements.describe()} in {environment.seconds:.1f} s "
+                       f"({environment.installer})")
+        return environment
 
     def rendezvous_endpoint(self) -> str:
         """Node 0 picks a free port and publishes "address:port" in Redis; the others wait
@@ -310,17 +342,25 @@ class NodeRun:
             # moment this one ends (started at the end, it would wait seconds for the
             # import). Already there when this job itself started warm. This thread is the
             # worker's main one, as the server needs (PR_SET_PDEATHSIG, jobs.runner.warm).
+            # With this job's interpreter (its environment's, for a script with requirements):
+            # a server of another one is replaced, which is safe as this job did not fork from it.
             from jobs.runner import warm
 
-            warm.ensure_server()
+            warm.ensure_server(self.python)
 
     def _launch_warm(self, spec: LaunchSpec, env: dict[str, str]):
         """Fork the job's processes from the pool's fork server; None (a cold launch
-        follows) when the server is not there or not ready in time."""
+        follows) when the server is not there, not ready in time, or runs another Python
+        than the job's (a job environment's packages are only in its own interpreter)."""
         from jobs.runner import warm
         from jobs.runner.process.forkserver import ForkServerError, LaunchRequest
 
-        server = warm.server_for_launch(timeout=self.config.warm_ready_seconds)
+        running = warm.server_python()
+        if running and running != spec.python:
+            self._note(f"node {self.claim.node.name}: the warm pool's fork server runs {running}, this job "
+                       f"{spec.python}; starting cold")
+            return None
+        server = warm.server_for_launch(timeout=self.config.warm_ready_seconds, python=spec.python)
         if server is None:
             self._note(f"node {self.claim.node.name}: the warm pool's fork server is not ready; starting cold")
             return None
@@ -682,7 +722,7 @@ class NodeRun:
                            warm_until=timezone.now() + timedelta(seconds=keep)):
                 from jobs.runner import warm
 
-                warm.ensure_server()
+                warm.ensure_server(self.python)
                 self._note(f"node {self.claim.node.name} stays warm in {pool} for {keep} s")
             return
         mine.update(state=NodeState.IDLE, current_job=None, warm_pool="", warm_until=None, warm_project=None,

@@ -30,6 +30,11 @@ def _float(name: str, default: float) -> float:
         raise SettingError(f"{name} must be a number, got {raw!r}") from exc
 
 
+def _str(name: str, default: str = "") -> str:
+    value = getattr(settings, name, None)
+    return str(value) if value is not None else env_str(name, default)
+
+
 def _bool(name: str, default: bool) -> bool:
     value = getattr(settings, name, None)
     return bool(value) if value is not None else env_bool(name, default)
@@ -51,10 +56,19 @@ class RunnerConfig:
     node_address: str  # how other nodes reach this one (multi-node rendezvous)
     rendezvous_timeout_seconds: int
     warm_ready_seconds: float = 30.0  # how long a warm launch waits for the pool's fork server to finish importing
+    # Where a script's requirements.txt is installed from (jobs.runner.process.envs.Sources):
+    # empty, wherever the node's pip looks; an index URL ("none": no index) / find-links folders.
+    pip_index_url: str = ""
+    pip_find_links: str = ""
 
     @property
     def cache_dir(self) -> Path:
         return self.data_dir / "cache" / "datasets"
+
+    @property
+    def envs_dir(self) -> Path:
+        # Job environments (a script's requirements.txt), shared by the node's later jobs.
+        return self.data_dir / "envs"
 
     @property
     def jobs_dir(self) -> Path:
@@ -81,4 +95,6 @@ class RunnerConfig:
             node_address=str(getattr(settings, "STUDIO_NODE_ADDRESS", "") or env_str("STUDIO_NODE_ADDRESS", "")),
             rendezvous_timeout_seconds=_int("STUDIO_RENDEZVOUS_TIMEOUT_SECONDS", 300),
             warm_ready_seconds=_float("STUDIO_WARM_READY_SECONDS", 30.0),
+            pip_index_url=_str("STUDIO_PIP_INDEX_URL"),
+            pip_find_links=_str("STUDIO_PIP_FIND_LINKS"),
         )
