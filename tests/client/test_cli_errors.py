@@ -1,0 +1,60 @@
+"""The CLI's refusals against a live studio (no worker needed): the API's own message and
+field names, exit code 2 for a 4xx, 3 for a studio that cannot be reached, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+from jobs.models import TrainingJob
+from studio.models import ApiToken
+from tests.client.conftest import SCRIPTS
+from tests.e2e.conftest import PASSWORD
+from tests.factories import make_member
+
+
+def test_instance_count_zero_prints_the_apis_message_naming_the_field(studio, cli):
+    result = cli("run", str(SCRIPTS / "failing" / "train.py"), "--instance-count", "0")
+
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "resources.instance_count: Ensure this value is greater than or equal to 1." in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not TrainingJob.objects.exists()
+
+
+def test_a_bad_token_and_an_unknown_project_are_refused_with_the_studios_words(studio, cli):
+    bad_token = cli("jobs", "list", env={**studio.env, "TRAINYARD_TOKEN": "ty_nope_nope"})
+    assert bad_token.returncode == 2
+    assert "Invalid, expired or revoked token." in bad_token.stderr and "Traceback" not in bad_token.stderr
+
+    no_project = cli("run", str(SCRIPTS / "failing" / "train.py"), "--project", "nowhere")
+    assert no_project.returncode == 2
+    assert "project: No such project." in no_project.stderr
+
+
+def test_an_unreachable_studio_says_the_url_could_not_be_reached(studio, cli):
+    result = cli("jobs", "list", env={**studio.env, "TRAINYARD_URL": "http://127.0.0.1:9"})
+
+    assert result.returncode == 3
+    assert "Could not reach the studio at http://127.0.0.1:9" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_login_with_a_password_stores_a_token_readable_by_the_user_only(studio, cli, project, tmp_path):
+    make_member(project, "sam", "scientist", password=PASSWORD)
+    env = {k: v for k, v in studio.env.items() if k not in ("TRAINYARD_URL", "TRAINYARD_TOKEN", "TRAINYARD_PROJECT")}
+
+    result = cli("login", studio.url, "--username", "sam", input=f"{PASSWORD}\n", env=env)
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "projects: acme (scientist)" in result.stdout
+    stored = tmp_path / "config" / "trainyard" / "credentials.json"
+    assert stat.S_IMODE(os.stat(stored).st_mode) == 0o600
+    token = json.loads(stored.read_text())["token"]
+    assert ApiToken.authenticate(token).user.username == "sam"
+    # Later commands use the stored login.
+    listed = cli("datasets", "list", "--json", env=env)
+    assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stderr
+
+    wrong = cli("login", studio.url, "--username", "sam", input="not-it\n", env=env)
+    assert wrong.returncode == 2 and "Traceback" not in wrong.stderr, wrong.stderr
