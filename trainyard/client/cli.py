@@ -315,7 +315,7 @@ def datasets() -> None:
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.option("--project")
 @click.option("--description")
-@click.option("--format", "format_", help="format: csv, jsonl, images, text … (default: detected).")
+@click.option("--format", "format_", help="format: csv, jsonl, image_folder or text (default: detected).")
 @click.option("--label-column")
 @click.option("--text-column")
 @click.option("--delimiter")
