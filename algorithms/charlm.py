@@ -1,7 +1,7 @@
 """char-lm: a small decoder-only transformer over the characters of plain .txt files.
 
 The model is a plain stack — embedding block, N transformer blocks, head — built by
-build_layers(), so a pipeline-parallel run (trainyard.parallel.pipeline) can cut the list into
+build_layers(), so a pipeline-parallel run (trainyard.parallel.stages) can cut the list into
 stages and nothing else changes; a sharded one (trainyard.parallel.fsdp) shards it layer by
 layer. torch is imported inside functions (the layer classes are defined on first use):
 the studio reads SPEC without paying for it.
@@ -260,9 +260,9 @@ def train(ctx: Context) -> None:
     task = Task(model=model, train=train_data, validation=tensors(validation), test=tensors(test),
                        report="perplexity")
     if ctx.distribution == "pipeline":
-        from trainyard.parallel import pipeline
+        from trainyard.parallel import stages
 
-        metrics, weights = pipeline.fit(ctx, task, list(model.children()), layer_names(architecture))
+        metrics, weights = stages.fit(ctx, task, list(model.children()), layer_names(architecture))
     elif ctx.distribution == "fsdp":
         from trainyard.parallel.fsdp import FullyShard
 

@@ -13,7 +13,7 @@ count and partition it prints
 2. measured balance: each stage run for real, alone, on this machine (one thread, the
    forward and backward of a whole step's microbatches, median of --steps);
 3. pipeline step: the wall time of a training step of a real two-process pipeline
-   (torch.distributed.run, gloo, one thread each: trainyard.parallel.pipeline's StageRunner
+   (torch.distributed.run, gloo, one thread each: trainyard.parallel.stages's StageRunner
    over torch.distributed.pipelining, GPipe) — its fastest step and its median step —
    with its stages' own compute balance ("in-pipeline"). Runs of the two partitions
    alternate, --repeat times, and the best of each is compared: on a shared machine the
@@ -68,7 +68,7 @@ def measure_stages(layers, ranges, vocabulary: int, steps: int) -> list[float]:
     output's shape (the last stage from the loss), as the pipeline runs it; median ms."""
     import torch
 
-    from trainyard.parallel.pipeline import summed_cross_entropy
+    from trainyard.parallel.stages import summed_cross_entropy
 
     inputs, targets = batch(vocabulary, BATCH)
     micro_inputs, micro_targets = inputs.chunk(MICROBATCHES), targets.chunk(MICROBATCHES)
@@ -116,7 +116,7 @@ def worker(ranges: list[list[int]], vocabulary: int, steps: int) -> None:
 
     import torch
 
-    from trainyard.parallel.pipeline import PipelineSettings, StageRunner
+    from trainyard.parallel.stages import PipelineSettings, StageRunner
 
     torch.distributed.init_process_group("gloo")
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -165,7 +165,7 @@ def main() -> int:
     import torch
 
     from trainyard.parallel.partition import CostModel, auto_partition, balance, even_partition, profile_layers
-    from trainyard.parallel.pipeline import BANDWIDTH_BYTES_PER_MS, summed_cross_entropy
+    from trainyard.parallel.stages import BANDWIDTH_BYTES_PER_MS, summed_cross_entropy
 
     torch.set_num_threads(1)  # as each pipeline process runs
     started = time.monotonic()

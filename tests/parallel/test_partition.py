@@ -136,7 +136,7 @@ def test_profiler_measures_char_lm_layers():
     import torch
 
     from algorithms.charlm import build_layers, layer_names
-    from trainyard.parallel.pipeline import summed_cross_entropy
+    from trainyard.parallel.stages import summed_cross_entropy
 
     architecture = {"vocabulary_size": 40, "context_length": 16, "embedding_dim": 32, "layers": 2, "heads": 2,
                     "dropout": 0.0}

@@ -1,8 +1,9 @@
-"""distribution "pipeline": the model's layers cut into contiguous stages, one per process,
+"""distribution "pipeline" for the built-in algorithms' stacks of layers (a user's model goes
+through trainyard.parallel.wrap.pipeline): the layers cut into contiguous stages, one per process,
 each batch split into microbatches that flow through the stages (torch.distributed.pipelining:
 PipelineStage with ScheduleGPipe or Schedule1F1B).
 
-    metrics, weights = pipeline.fit(ctx, task, layers, names)  # weights: the whole model, on rank 0
+    metrics, weights = stages.fit(ctx, task, layers, names)  # weights: the whole model, on rank 0
 
 1. Partition (rank 0 decides, every rank follows): "auto" profiles each layer on a sample
    microbatch and takes the exact min-max split (trainyard.parallel.partition), under

@@ -1,0 +1,168 @@
+"""Where to cut a user's model into pipeline stages, and the stage module each process keeps.
+
+    costs = profile_blocks(model, units, example, targets, loss_fn)   # rank 0, one microbatch
+    partition = auto_partition(CostModel(costs, ...), stages)           # trainyard.parallel.partition
+    module = stage_module(model, units, partition.ranges, stage, example)
+
+The cut points are the blocks of trainyard.parallel.blocks in execution order. Each block
+is profiled alone on the inputs it received in one forward of an example microbatch:
+forward and backward time (median of repeats), parameter bytes, what autograd keeps for
+backward, and what it outputs (what crosses a cut after it). An nn.Sequential's stage is
+its slice, under the items' own names; any other model is traced by torch.export and split
+at the chosen blocks by torch.distributed.pipelining, whose stage modules keep the model's
+parameter names, so a stage's state dict is a part of the whole model's.
+
+Imports torch at the top: only training processes import this module.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import traceback
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainyard.errors import DataError
+from trainyard.parallel.blocks import Block, _Merged
+from trainyard.parallel.partition import LayerCost, StageRange
+
+LossFn = Callable[[Any, torch.Tensor], torch.Tensor]
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [tensor for item in value for tensor in _tensors(item)]
+    if isinstance(value, dict):
+        return [tensor for item in value.values() for tensor in _tensors(item)]
+    return []
+
+
+def _detached(value: Any) -> Any:
+    """A fresh leaf of every floating tensor (so a block's backward stops at its inputs)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().requires_grad_(value.is_floating_point())
+    if isinstance(value, (list, tuple)):
+        return type(value)(_detached(item) for item in value)
+    if isinstance(value, dict):
+        return {key: _detached(item) for key, item in value.items()}
+    return value
+
+
+def _bytes(value: Any) -> int:
+    return sum(tensor.numel() * tensor.element_size() for tensor in _tensors(value))
+
+
+def profile_blocks(model: nn.Module, units: Sequence[Block], example: Sequence[Any], targets: torch.Tensor,
+                   loss_fn: LossFn, *, repeats: int = 5, warmup: int = 1) -> list[LayerCost]:
+    """Each block's cost for the example microbatch, run alone on what it received in one
+    forward of the whole model. The last block's figures include the loss when its output
+    is the model's. RNG state is restored afterwards: profiling never changes training."""
+    captured: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+    parts = [(index, part) for index, unit in enumerate(units)
+             for part in (unit.module.parts if isinstance(unit.module, _Merged) else [unit.module])]
+
+    def keep(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        captured.setdefault(id(module), (_detached(args), _detached(kwargs)))
+
+    handles = [part.register_forward_pre_hook(keep, with_kwargs=True) for _, part in parts]
+    with torch.random.fork_rng(devices=[]):
+        try:
+            with torch.no_grad():
+                model_output = model(*example)
+        finally:
+            for handle in handles:
+                handle.remove()
+        costs = []
+        for index, unit in enumerate(units):
+            members = unit.module.parts if isinstance(unit.module, _Merged) else [unit.module]
+            forward_ms = backward_ms = 0.0
+            activation = output_bytes = 0
+            for member in members:
+                args, kwargs = captured[id(member)]
+                last = index == len(units) - 1 and member is members[-1]
+                timed = _time_alone(member, args, kwargs, targets if last else None, model_output, loss_fn, repeats,
+                                    warmup)
+                forward_ms += timed[0]
+                backward_ms += timed[1]
+                activation += timed[2]
+                output_bytes = timed[3]
+            costs.append(LayerCost(name=unit.name, forward_ms=forward_ms, backward_ms=backward_ms,
+                                   parameter_bytes=sum(p.numel() * p.element_size() for p in unit.module.parameters()),
+                                   activation_bytes=activation, output_bytes=output_bytes))
+    return costs
+
+
+def _time_alone(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], targets: torch.Tensor | None,
+                model_output: Any, loss_fn: LossFn, repeats: int, warmup: int) -> tuple[float, float, int, int]:
+    parameters = {parameter.data_ptr() for parameter in module.parameters()}
+
+    def run() -> tuple[Any, list[torch.Tensor]]:
+        output = module(*_detached(args), **_detached(kwargs))
+        if (targets is not None and isinstance(output, torch.Tensor) and isinstance(model_output, torch.Tensor)
+                and output.shape == model_output.shape):
+            return output, [loss_fn(output, targets)]
+        return output, [tensor for tensor in _tensors(output) if tensor.requires_grad]
+
+    forward_times, backward_times = [], []
+    output: Any = None
+    for repetition in range(warmup + repeats):
+        started = time.perf_counter()
+        output, results = run()
+        middle = time.perf_counter()
+        if results:
+            torch.autograd.backward(results, [torch.ones_like(result) for result in results])
+        finished = time.perf_counter()
+        module.zero_grad(set_to_none=True)
+        if repetition >= warmup:
+            forward_times.append((middle - started) * 1000)
+            backward_times.append((finished - middle) * 1000)
+    saved: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        pointer = tensor.untyped_storage().data_ptr()
+        if pointer not in parameters:
+            saved[pointer] = max(saved.get(pointer, 0), tensor.untyped_storage().nbytes())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        run()
+    return statistics.median(forward_times), statistics.median(backward_times), sum(saved.values()), _bytes(output)
+
+
+def stage_module(model: nn.Module, units: Sequence[Block], ranges: Sequence[StageRange], stage: int,
+                 example: Sequence[Any]) -> nn.Module:
+    """This stage's part of the model: a Sequential's slice, or the traced split."""
+    first, last = ranges[stage]
+    if isinstance(model, nn.Sequential):
+        return nn.Sequential(OrderedDict((units[index].name, units[index].module) for index in range(first, last + 1)))
+    from torch.distributed.pipelining import SplitPoint, pipeline
+
+    split_spec = {units[start].name.split("+", 1)[0]: SplitPoint.BEGINNING for start, _ in ranges[1:]}
+    try:
+        pipe = pipeline(model, mb_args=tuple(example), split_spec=split_spec)
+    except Exception as exc:
+        raise DataError(untraceable(model, exc)) from None
+    if pipe.num_stages != len(ranges):
+        raise DataError(f"pipeline: tracing {type(model).__name__} gave {pipe.num_stages} stages where {len(ranges)} were "
+                        f"asked for (cuts before {', '.join(split_spec)}): a cut point sits inside a block the "
+                        "forward does not call at the top level; pass blocks=[...] naming the ones it calls in order")
+    return pipe.get_stage_module(stage)
+
+
+def untraceable(model: nn.Module, exc: BaseException) -> str:
+    """What to tell a person whose model torch.export cannot trace: the call that failed,
+    where in their code, and what to pass instead."""
+    frames = [frame for frame in traceback.extract_tb(exc.__traceback__)
+              if "/torch/" not in frame.filename and "/trainyard/" not in frame.filename]
+    where = f" at {frames[-1].filename}:{frames[-1].lineno} ({(frames[-1].line or '').strip()})" if frames else ""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    return (f"pipeline: torch.export could not trace {type(model).__name__}.forward{where}: {type(exc).__name__}: "
+            f"{first}. Make forward traceable (no Python branches on tensor values, no .item() or .tolist()), "
+            "or pass an nn.Sequential of the blocks in order, which is cut without tracing")
