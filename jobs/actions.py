@@ -116,7 +116,7 @@ def check_algorithm(name: str, hyperparameters: dict, inputs: list[ResolvedInput
 def check_distribution(algorithm: str, distribution: str, pipeline: dict, hyperparameters: dict,
                        resources: dict) -> None:
     """The algorithm must support the distribution; a pipeline must have one process per
-    stage and, for a built-in, a partition that fits the model's layers."""
+    stage (per replica, with `ddp`) and, for a built-in, a partition that fits the model's layers."""
     spec = None
     if algorithm:
         from algorithms import get_algorithm
@@ -129,7 +129,13 @@ def check_distribution(algorithm: str, distribution: str, pipeline: dict, hyperp
         return
     stages = int(pipeline["stages"])
     processes = int(resources.get("instance_count") or 1) * int(resources.get("processes_per_node") or 1)
-    if processes != stages:
+    if pipeline.get("ddp"):
+        if processes % stages:
+            raise JobError({"pipeline.stages": (
+                f"{stages} stages with ddp need a multiple of {stages} processes (one per stage in each replica), but "
+                f"the job has instance_count × processes_per_node = {processes}; set resources.processes_per_node so "
+                "they match.")})
+    elif processes != stages:
         raise JobError({"pipeline.stages": (
             f"{stages} stages need {stages} processes (one per stage), but the job has instance_count × "
             f"processes_per_node = {processes}; set resources.processes_per_node so they match.")})

@@ -8,6 +8,7 @@ import re
 from rest_framework import serializers
 
 from jobs.models import Distribution, JobStatus, TrainingJob
+from jobs.sagemaker_distribution import DistributionField, SageMakerDistribution
 from studio.validators import clean_name
 
 RESERVED_ENV_PREFIXES = ("SM_", "TRAINYARD_")
@@ -57,13 +58,15 @@ class MetricDefinitionSerializer(serializers.Serializer):
 
 class PipelineSerializer(serializers.Serializer):
     """`distribution: "pipeline"`: the model's layers cut into `stages` contiguous stages,
-    one per process; each batch split into `microbatches`."""
+    one per process; each batch split into `microbatches`. With `ddp`, a world larger than
+    the stages holds several pipeline replicas, data parallel across them."""
 
     stages = serializers.IntegerField(min_value=2, max_value=64)
     microbatches = serializers.IntegerField(min_value=1, max_value=1024, required=False, default=4)
     schedule = serializers.ChoiceField(choices=PIPELINE_SCHEDULES, required=False, default="gpipe")
     partition = serializers.JSONField(required=False, default="auto")
     memory_cap_mb = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
+    ddp = serializers.BooleanField(required=False, default=False)
 
     def validate_partition(self, value):
         if value in ("auto", "even"):
@@ -78,6 +81,9 @@ class PipelineSerializer(serializers.Serializer):
         if isinstance(partition, list) and len(partition) != attrs["stages"]:
             raise serializers.ValidationError(
                 {"partition": f"Gives {len(partition)} stage(s) but stages is {attrs['stages']}; give one count per stage."})
+        if not attrs.get("ddp"):
+            # Stored only when true: a job's settings read as they did before the option.
+            attrs.pop("ddp", None)
         return attrs
 
 
@@ -90,7 +96,8 @@ class JobCreateSerializer(serializers.Serializer):
     # channel → {"dataset_version": id, "mode": "file"|"stream"} or channel → id
     inputs = serializers.DictField(required=False, default=dict)
     resources = ResourcesSerializer(required=False, default=dict)
-    distribution = serializers.ChoiceField(choices=Distribution.choices, required=False, default=Distribution.NONE)
+    # Our word, or a SageMaker estimator's `distribution` object (jobs.sagemaker_distribution).
+    distribution = DistributionField(choices=Distribution.choices, required=False, default=Distribution.NONE)
     pipeline = PipelineSerializer(required=False, allow_null=True, default=None)
     priority = serializers.IntegerField(min_value=-100, max_value=100, required=False, default=0)
     stopping = StoppingSerializer(required=False, default=dict)
@@ -104,8 +111,8 @@ class JobCreateSerializer(serializers.Serializer):
     def validate_name(self, value: str) -> str:
         return clean_name(value)
 
-    def validate_distribution(self, value: str) -> str:
-        if value not in AVAILABLE_DISTRIBUTIONS:
+    def validate_distribution(self, value: str | SageMakerDistribution) -> str | SageMakerDistribution:
+        if isinstance(value, str) and value not in AVAILABLE_DISTRIBUTIONS:
             raise serializers.ValidationError(
                 f"'{value}' is not available in this build yet; use 'none' or 'ddp' (multi-process data parallel)."
             )
@@ -130,10 +137,34 @@ class JobCreateSerializer(serializers.Serializer):
         has_script = bool(attrs.get("script"))
         if has_algorithm == has_script:
             raise serializers.ValidationError({"algorithm": "Give either an algorithm (a built-in) or a script, not both or neither."})
+        if isinstance(attrs.get("distribution"), SageMakerDistribution):
+            attrs = self.apply_sagemaker_distribution(attrs, attrs["distribution"])
         if attrs.get("distribution") == Distribution.PIPELINE and not attrs.get("pipeline"):
             raise serializers.ValidationError({"pipeline": 'distribution "pipeline" needs pipeline: {"stages": K, ...}.'})
         if attrs.get("pipeline") and attrs.get("distribution") != Distribution.PIPELINE:
             raise serializers.ValidationError({"pipeline": 'pipeline settings apply only with distribution "pipeline".'})
+        return attrs
+
+    @staticmethod
+    def apply_sagemaker_distribution(attrs: dict, mapped: SageMakerDistribution) -> dict:
+        """The submission as if it had said the same in our own words: the distribution's
+        word, its `pipeline` settings and `resources.processes_per_node` (from mpi)."""
+        if attrs.get("pipeline"):
+            raise serializers.ValidationError({"pipeline": (
+                "A SageMaker distribution object sets the pipeline itself (smdistributed.modelparallel.parameters); "
+                'drop pipeline, or give distribution "pipeline" with it.')})
+        attrs = {**attrs, "distribution": mapped.kind, "pipeline": mapped.pipeline}
+        if mapped.processes_per_node is not None:
+            given = (attrs.get("resources") or {}).get("processes_per_node")
+            if given is not None and given != mapped.processes_per_node:
+                raise serializers.ValidationError({"distribution": (
+                    f"mpi.processes_per_host is {mapped.processes_per_node} but resources.processes_per_node is "
+                    f"{given}; give one of them.")})
+            # As if `resources` had said it: the other resources at their defaults when not given.
+            resources = ResourcesSerializer(data={**(attrs.get("resources") or {}),
+                                                  "processes_per_node": mapped.processes_per_node})
+            resources.is_valid(raise_exception=True)
+            attrs["resources"] = dict(resources.validated_data)
         return attrs
 
 

@@ -27,6 +27,7 @@ PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 PIPELINE_SETTINGS = ("stages", "microbatches", "schedule", "partition", "memory_cap_mb", "ddp")
 PIPELINE_DEFAULTS: dict[str, Any] = {"microbatches": 4, "schedule": "gpipe", "partition": "auto", "memory_cap_mb": None,
                                      "ddp": False}
+_DISTRIBUTION_VARIABLES = (protocol.ENV_DISTRIBUTION, protocol.ENV_PIPELINE, "WORLD_SIZE")
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,8 @@ class TrainingEnvironment:
     node_name: str = ""
     checkpoint_every_steps: int = 0  # 0: only at the end of each epoch
     extra: dict[str, str] = field(default_factory=dict, repr=False)  # unused SM_* variables, for scripts
-    # TRAINYARD_DISTRIBUTION and TRAINYARD_PIPELINE as launched; read by `distribution`, so a
-    # bad hand-made value is a DataError where the job's settings are used, not in from_env.
+    # What read_distribution reads, as launched (TRAINYARD_DISTRIBUTION, TRAINYARD_PIPELINE,
+    # WORLD_SIZE): a bad hand-made value is a DataError where `distribution` is used, not in from_env.
     distribution_variables: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
@@ -98,8 +99,7 @@ class TrainingEnvironment:
             checkpoint_every_steps=max(_int(env, protocol.ENV_CHECKPOINT_EVERY_STEPS, 0), 0),
             extra={name: value for name, value in env.items()
                    if name.startswith("SM_") and name not in known and not name.startswith(_CHANNEL_PREFIX)},
-            distribution_variables={name: env[name] for name in (protocol.ENV_DISTRIBUTION, protocol.ENV_PIPELINE)
-                                    if name in env},
+            distribution_variables={name: env[name] for name in _DISTRIBUTION_VARIABLES if name in env},
         )
 
 
