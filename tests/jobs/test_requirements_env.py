@@ -11,6 +11,7 @@ import hashlib
 import importlib.metadata
 import io
 import json
+import subprocess
 import tarfile
 import threading
 import uuid
@@ -18,6 +19,7 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from datasets.storage import default_store, object_uri, store_for
@@ -26,7 +28,7 @@ from jobs.nodes import register_node
 from jobs.runner.process import envs
 from jobs.transitions import transition
 from tests.conftest import wait_for
-from tests.jobs.conftest import NodeWorker, node_env, run_to_end, start_worker, stop_worker, wait_status
+from tests.jobs.conftest import NodeWorker, node_env, run_to_end, start_worker, stop_worker
 from tests.jobs.test_warm_ready import fork_servers
 
 TORCH = importlib.metadata.version("torch")
@@ -131,8 +133,6 @@ def test_an_environment_sees_its_packages_and_the_nodes_and_two_builders_install
     assert announced == ["installing 2 requirements from requirements.txt"]
     [path] = [p for p in (tmp_path / "envs").iterdir() if p.is_dir()]  # no build folder left either
     assert results[0].path == results[1].path == path and (path / envs.MARKER_FILE).is_file()
-    import subprocess
-
     shown = subprocess.run([results[0].python, "-c", "import json, numpy, torch, tiny_greeting, tiny_numbers; "
                             "print(json.dumps([tiny_greeting.GREETING, tiny_numbers.total([2, 3]), torch.__version__, "
                             "numpy.__file__]))"], capture_output=True, text=True, timeout=120)
@@ -332,8 +332,6 @@ def test_a_warm_pool_forks_the_jobs_of_an_environment_from_its_python(env_node, 
     assert (seen["greeting"], seen["prefix"]) == ("hello from a wheel", str(environment))
     assert not [n for n in timeline(second) if "starting cold" in n]
     [server] = fork_servers(env_worker)
-    import psutil
-
     assert psutil.Process(server).cmdline()[0] == str(environment / "bin" / "python")
 
     # A job without requirements.txt in the same pool: the node's Python, so a cold start.
@@ -341,4 +339,3 @@ def test_a_warm_pool_forks_the_jobs_of_an_environment_from_its_python(env_node, 
     assert third.status == JobStatus.COMPLETED, third.failure_reason
     assert third.warm_pool == f"pool-{first.pk}"
     assert [n for n in timeline(third) if "starting cold" in n and str(environment) in n]
-    wait_status(third, JobStatus.COMPLETED)
