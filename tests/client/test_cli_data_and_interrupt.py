@@ -79,6 +79,8 @@ def test_on_a_terminal_follow_draws_a_bar_and_ctrl_c_asks_then_stops_the_job(run
         os.write(master, b"y\n")
         text = read_until(master, r"job \d+ Stopped", seen)
         assert process.wait(60) == 1, text
+        # On a terminal the bar stands for the plain progress lines; the job is named once.
+        assert "progress:" not in text and text.count("(endless): http") == 1, text
     finally:
         if process.poll() is None:
             process.kill()

@@ -176,14 +176,16 @@ def run(script: Path, source_dir: Path | None, project: str | None, name: str | 
 
 def follow_to_end(job: Job, *, quiet: bool = False) -> NoReturn:
     """Follow until the job ends and exit with its outcome; Ctrl-C offers to stop it."""
+    header = True
     while True:
         try:
-            job = job.wait() if quiet else JobFollower(job, out).follow()
+            job = job.wait() if quiet else JobFollower(job, out).follow(header=header)
             break
         except KeyboardInterrupt:
             if sys.stdin.isatty() and click.confirm(f"\nStop job {job.id}?", default=False, err=True):
                 job.stop()
                 note(f"stopping job {job.id} …")
+                header = False
                 continue
             note(f"\njob {job.id} keeps running; `trainyard jobs logs -f {job.id}` follows it again.")
             sys.exit(EXIT_INTERRUPTED)

@@ -19,6 +19,8 @@ from trainyard.client.studio import Job
 TOTAL_STEP_HYPERPARAMETERS = ("steps", "max_steps", "total_steps", "num_steps", "iterations")
 PLAIN_PROGRESS_SECONDS = 1.0
 MAX_METRICS_SHOWN = 4
+# The bar is drawn from Training on (and when following a job that is already stopping).
+BAR_STATUSES = ("Training", "Uploading", "Stopping")
 STATUS_STYLES = {"Pending": "grey50", "Starting": "blue", "Training": "magenta", "Uploading": "cyan",
                  "Completed": "green", "Stopping": "yellow", "Stopped": "yellow", "Failed": "red"}
 
@@ -98,6 +100,8 @@ class JobFollower:
             self.progress.update(self.task, completed=step or 0, status=f"[{style}]{self.state.status}[/]", steps=steps,
                                  metrics=escape(self.state.metrics_text()))
             return
+        if self.console.is_terminal:  # the bar is not up yet (or any more): nothing to draw
+            return
         # Plain output: a progress line when the step or metrics moved, at most once a second.
         shown = (step, self.state.metrics_text())
         now = time.monotonic()
@@ -118,7 +122,7 @@ class JobFollower:
                 stamp = time.strftime("%H:%M:%S")
                 self.say(f"{stamp} [{style}]{escape(status)}[/]" + (f"  {escape(message)}" if message else ""))
         self.state.status = status
-        if status == "Training":
+        if status in BAR_STATUSES:
             self.start_bar()
         self.update_bar()
 
@@ -130,6 +134,7 @@ class JobFollower:
                 self.state.step = step
             self.state.metrics.pop(name, None)
             self.state.metrics[name] = value
+        self.start_bar()
         self.update_bar()
 
     def on_log(self, data: dict[str, Any]) -> None:
@@ -140,10 +145,11 @@ class JobFollower:
         prefix = "[launcher] " if rank == -1 else (f"[rank {rank}] " if self.prefix_ranks else "")
         self.say(escape(prefix + line))
 
-    def follow(self) -> Job:
+    def follow(self, *, header: bool = True) -> Job:
         """Until the stream's final status; then the job as the API reads it."""
-        self.console.print(f"job {self.job.id} ({escape(str(self.job.data.get('name')))}): "
-                           f"{self.job.studio.url}/jobs/{self.job.id}/", highlight=False, soft_wrap=True)
+        if header:
+            self.console.print(f"job {self.job.id} ({escape(str(self.job.data.get('name')))}): "
+                               f"{self.job.studio.url}/jobs/{self.job.id}/", highlight=False, soft_wrap=True)
         try:
             for event in self.job.events():
                 if not isinstance(event.data, dict):
