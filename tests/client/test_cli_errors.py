@@ -23,6 +23,33 @@ def test_instance_count_zero_prints_the_apis_message_naming_the_field(studio, cl
     assert not TrainingJob.objects.exists()
 
 
+def test_job_fields_and_a_sagemaker_distribution_reach_the_job_under_the_apis_names(studio, cli):
+    result = cli("run", str(SCRIPTS / "failing" / "train.py"), "--name", "shaped", "--distribution",
+                 '{"pytorchddp": {"enabled": true}}', "--processes-per-node", "2", "--tag", "nightly", "--env", "SEED=7",
+                 "--max-runtime", "60", "--retries", "1", "--checkpoint-every", "50", "--keep-alive", "30", "--json")
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    job = TrainingJob.objects.get(name="shaped")
+    assert json.loads(result.stdout)["id"] == job.pk
+    assert (job.distribution, job.resources["processes_per_node"], job.tags, job.environment) == ("ddp", 2, ["nightly"],
+                                                                                                  {"SEED": "7"})
+    assert (job.stopping, job.retries, job.checkpoint["every_steps"], job.keep_alive_seconds) == (
+        {"max_runtime_seconds": 60}, 1, 50, 30)
+
+
+def test_pipeline_without_stages_and_an_unknown_distribution_key_get_the_apis_messages(studio, cli):
+    script = str(SCRIPTS / "failing" / "train.py")
+
+    no_stages = cli("run", script, "--distribution", "pipeline")
+    assert no_stages.returncode == 2
+    assert 'pipeline: distribution "pipeline" needs pipeline: {"stages": K, ...}.' in no_stages.stderr, no_stages.stderr
+
+    unknown = cli("run", script, "--distribution", '{"pytorchddp": {"enabled": true, "turbo": 1}}')
+    assert unknown.returncode == 2, unknown.stderr
+    assert "distribution: Unknown key 'pytorchddp.turbo'; known: enabled." in unknown.stderr, unknown.stderr
+    assert not TrainingJob.objects.exists()
+
+
 def test_a_bad_token_and_an_unknown_project_are_refused_with_the_studios_words(studio, cli):
     bad_token = cli("jobs", "list", env={**studio.env, "TRAINYARD_TOKEN": "ty_nope_nope"})
     assert bad_token.returncode == 2

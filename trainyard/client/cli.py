@@ -31,7 +31,6 @@ EXIT_JOB_NOT_COMPLETED = 1
 EXIT_REFUSED = 2
 EXIT_UNREACHABLE = 3
 EXIT_INTERRUPTED = 130
-DISTRIBUTIONS = ("none", "ddp", "fsdp", "pipeline")
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
@@ -130,6 +129,40 @@ def parse_inputs(values: tuple[str, ...]) -> dict[str, str]:
     return inputs
 
 
+def parse_distribution(raw: str) -> str | dict[str, Any]:
+    """One of our words, or a SageMaker estimator's `distribution` object as JSON."""
+    if not raw.lstrip().startswith("{"):
+        return raw
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise ClientError(f"not a JSON object: {exc}", field="distribution") from exc
+    if not isinstance(value, dict):
+        raise ClientError("give one of none, ddp, fsdp, pipeline, or a JSON object", field="distribution")
+    return value
+
+
+def parse_environment(values: tuple[str, ...]) -> dict[str, str]:
+    environment = {}
+    for raw in values:
+        name, sep, value = raw.partition("=")
+        if not sep or not name:
+            raise ClientError(f"{raw!r}: write it as NAME=value", field="environment")
+        environment[name] = value
+    return environment
+
+
+def pipeline_settings(stages: int | None, microbatches: int | None, schedule: str | None,
+                      partition: str | None) -> dict[str, Any] | None:
+    """The job's `pipeline` object from the --stages … flags (None when none is given)."""
+    settings: dict[str, Any] = {"stages": stages, "microbatches": microbatches, "schedule": schedule}
+    if partition is not None:
+        counts = [part.strip() for part in partition.split(",")]
+        settings["partition"] = [int(c) for c in counts] if all(c.isdigit() for c in counts) else partition
+    settings = {k: v for k, v in settings.items() if v is not None}
+    return settings or None
+
+
 @cli.command()
 @click.argument("script", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--source-dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
@@ -139,26 +172,48 @@ def parse_inputs(values: tuple[str, ...]) -> dict[str, str]:
 @click.option("--instance-type", default="cpu", show_default=True, help="resources.instance_type: the node queue.")
 @click.option("--instance-count", type=int, default=1, show_default=True, help="resources.instance_count: nodes.")
 @click.option("--processes-per-node", type=int, help="resources.processes_per_node.")
-@click.option("--distribution", type=click.Choice(DISTRIBUTIONS), default="none", show_default=True)
+@click.option("--distribution", default="none", show_default=True, metavar="none|ddp|fsdp|pipeline|JSON",
+              help="distribution: one of our words, or a SageMaker estimator's distribution object as JSON.")
+@click.option("--stages", type=int, help="pipeline.stages (with --distribution pipeline).")
+@click.option("--microbatches", type=int, help="pipeline.microbatches.")
+@click.option("--schedule", type=click.Choice(("gpipe", "1f1b")), help="pipeline.schedule.")
+@click.option("--partition", help="pipeline.partition: auto, even, or blocks per stage (3,2).")
 @click.option("--hp", "hyperparameters", multiple=True, metavar="NAME=VALUE",
               help="A hyperparameter; the value is read as JSON when it is a number or boolean. Repeatable.")
 @click.option("--input", "inputs", multiple=True, metavar="CHANNEL=DATASET[:VERSION]",
               help="A channel's data: a dataset's name (its newest ready version), name:version, or a version id.")
+@click.option("--env", "environment", multiple=True, metavar="NAME=VALUE", help="environment: a variable for the script.")
+@click.option("--tag", "tags", multiple=True, help="tags: a tag of the job. Repeatable.")
+@click.option("--max-runtime", "max_runtime_seconds", type=int, help="stopping.max_runtime_seconds.")
+@click.option("--retries", type=int, help="retries: attempts after a lost node.")
+@click.option("--checkpoint-every", "checkpoint_every_steps", type=int, help="checkpoint.every_steps.")
 @click.option("--keep-alive", "keep_alive_seconds", type=int, help="keep_alive_seconds: keep the nodes warm this long.")
 @click.option("--max-file-size", type=float, default=DEFAULT_MAX_FILE_BYTES / 2**20, show_default=True,
               help="Leave out (and say so) source files larger than this many MiB.")
 @click.option("--follow", "-f", is_flag=True, help="Show the job's progress until it ends; exit with its outcome.")
 @json_option
 def run(script: Path, source_dir: Path | None, project: str | None, name: str | None, instance_type: str,
-        instance_count: int, processes_per_node: int | None, distribution: str, hyperparameters: tuple[str, ...],
-        inputs: tuple[str, ...], keep_alive_seconds: int | None, max_file_size: float, follow: bool, as_json: bool) -> None:
+        instance_count: int, processes_per_node: int | None, distribution: str, stages: int | None,
+        microbatches: int | None, schedule: str | None, partition: str | None, hyperparameters: tuple[str, ...],
+        inputs: tuple[str, ...], environment: tuple[str, ...], tags: tuple[str, ...], max_runtime_seconds: int | None,
+        retries: int | None, checkpoint_every_steps: int | None, keep_alive_seconds: int | None, max_file_size: float,
+        follow: bool, as_json: bool) -> None:
     """Pack SCRIPT's folder, upload it and submit SCRIPT as a training job."""
     hps = dict(parse_hyperparameter(raw) for raw in hyperparameters)
+    fields: dict[str, Any] = {"environment": parse_environment(environment), "tags": list(tags)}
+    if (pipeline := pipeline_settings(stages, microbatches, schedule, partition)) is not None:
+        fields["pipeline"] = pipeline
+    if max_runtime_seconds is not None:
+        fields["stopping"] = {"max_runtime_seconds": max_runtime_seconds}
+    if retries is not None:
+        fields["retries"] = retries
+    if checkpoint_every_steps is not None:
+        fields["checkpoint"] = {"every_steps": checkpoint_every_steps}
     studio = studio_from(project)
     job = studio.run(script, source_dir, name=name, instance_type=instance_type, instance_count=instance_count,
-                     processes_per_node=processes_per_node, distribution=distribution, hyperparameters=hps,
-                     inputs=parse_inputs(inputs), keep_alive_seconds=keep_alive_seconds,
-                     max_file_bytes=int(max_file_size * 2**20))
+                     processes_per_node=processes_per_node, distribution=parse_distribution(distribution),
+                     hyperparameters=hps, inputs=parse_inputs(inputs), keep_alive_seconds=keep_alive_seconds,
+                     max_file_bytes=int(max_file_size * 2**20), **fields)
     if job.source is not None:
         packed = job.source.packed
         note(f"sent {len(packed.files)} file(s), {human_size(packed.total_bytes)}, from "

@@ -38,7 +38,8 @@ def total_steps(job: Job) -> int | None:
 
 def world_size(job: Job) -> int:
     resources = job.data.get("resources") or {}
-    return int(resources.get("instance_count") or 1) * int(resources.get("processes_per_node") or 1)
+    per_node = resources.get("processes_per_node") or (job.data.get("pipeline") or {}).get("stages") or 1
+    return int(resources.get("instance_count") or 1) * int(per_node)
 
 
 def format_value(value: Any) -> str:

@@ -123,7 +123,7 @@ class Studio:
 
     def run(self, entry_point: str | Path, source_dir: str | Path | None = None, *, project: str | None = None,
             name: str | None = None, instance_type: str = "cpu", instance_count: int = 1,
-            processes_per_node: int | None = None, distribution: str = "none",
+            processes_per_node: int | None = None, distribution: str | dict[str, Any] = "none",
             hyperparameters: dict[str, Any] | None = None, inputs: dict[str, Any] | None = None,
             keep_alive_seconds: int | None = None, wait: bool = False, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
             **fields: Any) -> Job:
