@@ -18,7 +18,7 @@ import pytest
 from datasets.models import DatasetVersion
 from jobs.models import JobStatus, TrainingJob
 from tests.client.conftest import SCRIPTS
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -61,6 +61,27 @@ def read_until(master: int, pattern: str, seen: list[str], timeout: float = 90) 
             except OSError:  # the child closed the terminal
                 break
     raise AssertionError(f"no {pattern!r} on the terminal in {timeout:.0f} s:\n{''.join(seen)[-4000:]}")
+
+
+def test_ctrl_c_without_a_terminal_leaves_the_job_running_and_exits_130(running_studio):
+    process = subprocess.Popen([sys.executable, "-m", "trainyard.client.cli", "run", str(SCRIPTS / "endless" / "train.py"),
+                                "--name", "left-running", "--follow"], cwd=ROOT, env=running_studio.env,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: TrainingJob.objects.filter(name="left-running", status=JobStatus.TRAINING).exists(), timeout=90,
+                 message="the job to train")
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+    assert process.returncode == 130, stdout + stderr
+    job = TrainingJob.objects.get(name="left-running")
+    assert f"job {job.pk} keeps running; `trainyard jobs logs -f {job.pk}` follows it again." in stderr
+    assert "Traceback" not in stderr
+    job.refresh_from_db()
+    assert job.status == JobStatus.TRAINING
 
 
 def test_on_a_terminal_follow_draws_a_bar_and_ctrl_c_asks_then_stops_the_job(running_studio):

@@ -85,3 +85,9 @@ def test_login_with_a_password_stores_a_token_readable_by_the_user_only(studio, 
 
     wrong = cli("login", studio.url, "--username", "sam", input="not-it\n", env=env)
     assert wrong.returncode == 2 and "Traceback" not in wrong.stderr, wrong.stderr
+
+    # Asked for a token (none given on the command line), the owner's is stored instead.
+    with_token = cli("login", studio.url, "--project", "acme", input=f"{studio.token}\n", env=env)
+    assert with_token.returncode == 0, with_token.stdout + with_token.stderr
+    assert json.loads(stored.read_text()) == {"url": studio.url, "token": studio.token, "project": "acme"}
+    assert "projects: acme (admin)" in with_token.stdout

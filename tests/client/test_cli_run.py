@@ -51,11 +51,13 @@ def test_a_failing_script_exits_nonzero_printing_its_reason(running_studio, cli)
     assert result.stdout.splitlines()[-1] == f"job {job.pk} Failed: epochs must be positive, got -1"
 
 
-def test_the_python_client_runs_waits_and_reads_logs_and_metrics(running_studio, source_dir):
+def test_the_python_client_runs_waits_and_reads_logs_and_metrics(running_studio, source_dir, cli):
     from jobs.metrics.ingest import flush_once
 
+    # The estimator's shape: the entry point named inside its source folder; the project is
+    # the owner's only one.
     studio = Studio(running_studio.url, running_studio.token)
-    job = studio.run(entry_point=source_dir / "train.py", distribution="ddp", processes_per_node=2,
+    job = studio.run(entry_point="train.py", source_dir=source_dir, distribution="ddp", processes_per_node=2,
                      hyperparameters={"steps": 5}, name="from-python")
     assert job.status == "Pending" and job.source is not None and "data.bin" in job.source.packed.files
 
@@ -69,6 +71,8 @@ def test_the_python_client_runs_waits_and_reads_logs_and_metrics(running_studio,
     assert series[("loss", 0)]["count"] == 5 and series[("loss", 0)]["last_step"] == 5
     assert [p[0] for p in job.metrics("loss")["points"]] == [1, 2, 3, 4, 5]
     assert job.refresh().data["name"] == "from-python"
+    shown = cli("jobs", "metrics", str(job.id))
+    assert re.search(r"^loss\s+0\s+5\s+1\s+5\s+\d", shown.stdout, re.M), shown.stdout + shown.stderr
 
 
 def test_jobs_list_show_logs_and_json(running_studio, cli):
