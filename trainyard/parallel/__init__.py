@@ -28,7 +28,7 @@ from typing import Any
 _PUBLIC = {
     "Context": "context", "init": "context", "destroy": "context", "current": "context",
     "Parallel": "wrap", "Pipelined": "wrap", "wrap": "wrap", "data_parallel": "wrap", "shard": "wrap",
-    "pipeline": "wrap", "save": "saving", "load": "saving",
+    "pipeline": "wrap", "save": "saving", "load": "saving", "model_state": "saving",
 }
 
 __all__ = sorted(_PUBLIC)

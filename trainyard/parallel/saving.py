@@ -270,3 +270,28 @@ def _agreed_step(ctx: Context, folder: Path, wanted: int | None) -> int | None:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return (text.splitlines() or [type(exc).__name__])[0][:400]
+
+
+# --- the whole model ---------------------------------------------------------------------------------
+def model_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's state dict, unsharded and on the CPU, under the script's names, on
+    rank 0; {} on the others. Every rank calls it (it gathers shards or stages): what a
+    script saves to SM_MODEL_DIR at the end."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    from torch.distributed.tensor import DTensor
+
+    ctx = current()
+    built: nn.Module = getattr(model, "model", model)
+    stage = _module(model)
+    if stage is not built:  # a pipeline: each stage holds its blocks
+        piece = {name: tensor.detach().cpu() for name, tensor in stage.state_dict().items()}
+        pieces: list[Any] | None = [None] * ctx.world_size if ctx.is_main else None
+        torch.distributed.gather_object(piece, pieces, dst=0)
+        whole: dict[str, torch.Tensor] = {}
+        for part in pieces or []:
+            whole.update(part)
+        return whole
+    if any(isinstance(parameter, DTensor) for parameter in built.parameters()):
+        gathered = get_model_state_dict(built, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {name: value for name, value in gathered.items() if isinstance(value, torch.Tensor)}
+    return {name: tensor.detach().cpu() for name, tensor in built.state_dict().items()} if ctx.is_main else {}

@@ -112,6 +112,16 @@ class Parallel(nn.Module):
         return total
 
     @torch.no_grad()
+    def predict(self, inputs: Any) -> Any:
+        """The model's output for `inputs`, in eval mode and without gradients."""
+        was_training = self.module.training
+        self.module.eval()
+        try:
+            return self.module(*_args(_to(inputs, self.ctx.device)))
+        finally:
+            self.module.train(was_training)
+
+    @torch.no_grad()
     def evaluate(self, inputs: Any, targets: torch.Tensor) -> torch.Tensor:
         was_training = self.module.training
         self.module.eval()
@@ -154,6 +164,22 @@ def _to(value: Any, device: torch.device) -> Any:
     return value
 
 
+def _contiguous(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.contiguous()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_contiguous(item) for item in value)
+    return value
+
+
+def _contiguous_gradients(args: tuple[Any, ...]) -> None:
+    """Gradients flowing back into a stage's inputs made contiguous: the one of an input
+    that the stage concatenates with another is a strided slice, which send and recv refuse."""
+    for value in args:
+        if isinstance(value, torch.Tensor) and value.requires_grad:
+            value.register_hook(lambda gradient: gradient.contiguous())
+
+
 def _split(inputs: Any, targets: torch.Tensor, chunks: int) -> list[tuple[Any, torch.Tensor]]:
     size = math.ceil(len(targets) / chunks)
     pieces = []
@@ -173,19 +199,25 @@ def wrap(model: nn.Module, *, distribution: str | Mapping[str, Any] | None = Non
     (cpu_offload, mixed_precision for fsdp; stages, microbatches, schedule, partition,
     memory_cap_mb for pipeline), over the job's own settings."""
     ctx = current()
+    unknown = sorted(set(options) - set(SHARD_OPTIONS) - set(PIPELINE_OPTIONS))
+    if unknown:
+        raise TypeError(f"wrap() got unknown option(s) {', '.join(unknown)}; the forms' options are "
+                        f"{', '.join(SHARD_OPTIONS + PIPELINE_OPTIONS)}")
     settings = _distribution(distribution, ctx)
     kind = settings.pop("kind")
     common: dict[str, Any] = {"loss_fn": loss_fn, "gradient_accumulation": gradient_accumulation,
-                              "checkpoint_activations": checkpoint_activations, "blocks": blocks}
+                              "checkpoint_activations": checkpoint_activations, "blocks": blocks,
+                              "example_inputs": example_inputs}
+    # An option of another form is kept for when the job runs as that form: the same
+    # script, say with microbatches=8, also runs under ddp.
     if kind == "none":
-        return _single(model, ctx, reason="distribution none", example_inputs=example_inputs, **common)
+        return _single(model, ctx, reason="distribution none", **common)
     if kind == "ddp":
-        return data_parallel(model, example_inputs=example_inputs, **common)
+        return data_parallel(model, **common)
     if kind == "fsdp":
-        return shard(model, example_inputs=example_inputs, **{**_only(settings, SHARD_OPTIONS), **options}, **common)
+        return shard(model, **{**_only(settings, SHARD_OPTIONS), **_only(options, SHARD_OPTIONS)}, **common)
     if kind == "pipeline":
-        merged = {**_only(settings, PIPELINE_OPTIONS), **options}
-        return pipeline(model, example_inputs=example_inputs, **merged, **common)
+        return pipeline(model, **{**_only(settings, PIPELINE_OPTIONS), **_only(options, PIPELINE_OPTIONS)}, **common)
     raise DataError(f"distribution {kind!r}: use none, ddp, fsdp or pipeline")
 
 
@@ -415,7 +447,7 @@ class Pipelined(Parallel):
         self.built = False
         self.clock = StageClock()
         self.notes: list[str] = []
-        self._schedules: dict[tuple[int, bool], Any] = {}
+        self._schedules: dict[tuple[int, bool, bool], Any] = {}
         self.groups = self._make_groups()
         self.report = {"mode": partition if isinstance(partition, str) else "manual", "stages": stages,
                        "schedule": schedule, "microbatches": microbatches, "replicas": self.replicas}
@@ -488,6 +520,10 @@ class Pipelined(Parallel):
         if self.checkpoint_activations:
             blocklist.checkpoint_activations(units)
         module = stage_module(self.model, units, chosen.ranges, self.stage, micro).to(self.ctx.device)
+        # What crosses a cut goes through gloo/NCCL send and recv, which want contiguous
+        # tensors; a traced stage may return views (and its gradients come back shaped so).
+        module.register_forward_hook(lambda _module, _args, output: _contiguous(output))
+        module.register_forward_pre_hook(lambda _module, args: _contiguous_gradients(args))
         self.module = module
         self.units, self.partition, self.costs = units, chosen, costs
         self.built = True
@@ -516,8 +552,8 @@ class Pipelined(Parallel):
         reports.write("parallel", {"kind": "pipeline", **self.report})
 
     # --- schedules -------------------------------------------------------------------------------------
-    def _schedule(self, batch: int, training: bool) -> Any:
-        key = (batch, training)
+    def _schedule(self, batch: int, training: bool, with_loss: bool = True) -> Any:
+        key = (batch, training, with_loss)
         if key not in self._schedules:
             count = microbatches_for(batch, self.microbatches)
             if count != self.microbatches and training:
@@ -534,31 +570,33 @@ class Pipelined(Parallel):
             stage = TimedStage(self.module, self.stage, self.stages, self.ctx.device, group=self.groups.pipeline,
                                 clock=clock)
             loss_fn = self.loss_fn
-            self._schedules[key] = kind(stage, count, loss_fn=lambda out, tgt: clock.timed(lambda: loss_fn(out, tgt)),
-                                        scale_grads=True)
+            timed_loss = (lambda out, tgt: clock.timed(lambda: loss_fn(out, tgt))) if with_loss else None
+            self._schedules[key] = kind(stage, count, loss_fn=timed_loss, scale_grads=True)
         return self._schedules[key]
 
-    def _run(self, inputs: Any, targets: torch.Tensor, training: bool) -> torch.Tensor:
+    def _run(self, inputs: Any, targets: torch.Tensor | None, training: bool) -> tuple[torch.Tensor, Any]:
         if not self.built:
             self.build(inputs, targets)
-        schedule = self._schedule(len(targets), training)
-        losses: list[torch.Tensor] | None = [] if self.is_last else None
+        batch = len(_args(inputs)[0])
+        schedule = self._schedule(batch, training, with_loss=targets is not None)
+        losses: list[torch.Tensor] | None = [] if self.is_last and targets is not None else None
         args = _args(_to(inputs, self.ctx.device)) if self.is_first else ()
-        target = targets.to(self.ctx.device) if self.is_last else None
+        target = targets.to(self.ctx.device) if self.is_last and targets is not None else None
         if training:
-            schedule.step(*args, target=target, losses=losses, return_outputs=False)
+            outputs = schedule.step(*args, target=target, losses=losses, return_outputs=False)
         else:
-            schedule.eval(*args, target=target, losses=losses)
+            outputs = schedule.eval(*args, target=target, losses=losses)
         value = torch.stack(losses).detach().float().mean().reshape(1) if losses else torch.zeros(1, device=self.ctx.device)
-        torch.distributed.broadcast(value, src=self.groups.last_stage_rank, group=self.groups.pipeline)
-        return value[0]
+        if targets is not None:
+            torch.distributed.broadcast(value, src=self.groups.last_stage_rank, group=self.groups.pipeline)
+        return value[0], outputs
 
     def step(self, inputs: Any, targets: torch.Tensor) -> torch.Tensor:
         """Forward and backward of one batch through the stages; the batch's mean loss on
         every rank. With replicas, gradients are averaged over them before it returns."""
         self.clock.running = True
         try:
-            loss = self._run(inputs, targets, True)
+            loss, _ = self._run(inputs, targets, True)
         finally:
             self.clock.running = False
             self.clock.steps += 1
@@ -573,9 +611,22 @@ class Pipelined(Parallel):
     def evaluate(self, inputs: Any, targets: torch.Tensor) -> torch.Tensor:
         self.module.eval()
         try:
-            return self._run(inputs, targets, False)
+            return self._run(inputs, targets, False)[0]
         finally:
             self.module.train()
+
+    @torch.no_grad()
+    def predict(self, inputs: Any) -> Any:
+        """The model's output for `inputs` on every rank of this replica (the last stage
+        computes it and sends it to the others)."""
+        self.module.eval()
+        try:
+            _, outputs = self._run(inputs, None, False)
+        finally:
+            self.module.train()
+        box = [outputs.detach().cpu() if self.is_last and outputs is not None else None]
+        torch.distributed.broadcast_object_list(box, src=self.groups.last_stage_rank, group=self.groups.pipeline)
+        return _to(box[0], self.ctx.device)
 
     @property
     def state_module(self) -> nn.Module:
