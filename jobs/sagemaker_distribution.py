@@ -59,8 +59,8 @@ def _shown(value: Any) -> str:
 def _section(value: Any, path: str, known: tuple[str, ...]) -> dict[str, Any]:
     """`value` as the object at `path`, whose keys must all be `known`."""
     if not isinstance(value, dict):
-        example = '{"enabled": true}' if "enabled" in known else "an object"
-        raise serializers.ValidationError(f"{path} must be an object such as {example}, got {_shown(value)}.")
+        example = 'an object such as {"enabled": true}' if "enabled" in known else f"an object of {', '.join(known)}"
+        raise serializers.ValidationError(f"{path} must be {example}, got {_shown(value)}.")
     for key in value:
         if key not in known:
             where = f"{path}.{key}" if path else str(key)
@@ -112,7 +112,8 @@ def _pipeline(parameters: dict[str, Any]) -> dict[str, Any]:
 
 
 def from_sagemaker(value: dict[str, Any]) -> SageMakerDistribution:
-    """1. Check every section's keys and `enabled`, even in sections that are not enabled.
+    """1. Check every section's keys and `enabled`, even in sections that are not enabled
+       (their other values are ignored, as SageMaker ignores them).
     2. At most one strategy may be enabled (mpi is the launcher, and combines with any).
     3. modelparallel → "pipeline" with its parameters; any other strategy, or mpi alone, → "ddp"."""
     _section(value, "", TOP_LEVEL_KEYS)
