@@ -10,7 +10,7 @@ import tarfile
 
 import pytest
 
-from trainyard.client.config import Credentials, resolve_credentials, save_credentials
+from trainyard.client.config import Credentials, NotLoggedIn, resolve_credentials, save_credentials
 from trainyard.client.http import flatten_fields, parse_events
 from trainyard.client.pack import PackError, pack_source
 from trainyard.client.studio import ClientError, parse_hyperparameter
@@ -87,6 +87,13 @@ def test_the_stored_login_is_mode_0600_and_the_environment_overrides_it(tmp_path
     assert resolve_credentials() == Credentials("http://studio:8000", "ty_a_b", "acme")
     monkeypatch.setenv("TRAINYARD_TOKEN", "ty_c_d")
     assert resolve_credentials().token == "ty_c_d"
+    # The stored token is never sent to another studio than the one it came from.
+    monkeypatch.delenv("TRAINYARD_TOKEN")
+    monkeypatch.setenv("TRAINYARD_URL", "http://elsewhere:8000")
+    with pytest.raises(NotLoggedIn, match="No API token for http://elsewhere:8000"):
+        resolve_credentials()
+    monkeypatch.setenv("TRAINYARD_URL", "studio:8000/")
+    assert resolve_credentials().token == "ty_a_b"
 
 
 def test_nested_envelope_fields_become_dotted_paths():

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import platformdirs
 
+from trainyard.client.http import normalise_url
+
 CREDENTIALS_FILE = "credentials.json"
 
 
@@ -62,11 +64,17 @@ def save_credentials(credentials: Credentials) -> Path:
 
 
 def resolve_credentials(url: str | None = None, token: str | None = None, project: str | None = None) -> Credentials:
-    """Arguments first, then the environment, then the stored login."""
-    stored = stored_credentials()
-    url = url or os.environ.get("TRAINYARD_URL") or stored.get("url")
-    token = token or os.environ.get("TRAINYARD_TOKEN") or stored.get("token")
-    project = project or os.environ.get("TRAINYARD_PROJECT") or stored.get("project") or None
+    """Arguments first, then the environment, then the stored login (read only when needed)."""
+    url = url or os.environ.get("TRAINYARD_URL")
+    token = token or os.environ.get("TRAINYARD_TOKEN")
+    project = project or os.environ.get("TRAINYARD_PROJECT")
+    if not (url and token and project):
+        stored = stored_credentials()
+        # A stored token belongs to the stored studio: never send it to another URL.
+        if not token and (not url or normalise_url(url) == stored.get("url")):
+            token = stored.get("token")
+        url = url or stored.get("url")
+        project = project or stored.get("project") or None
     if not url:
         raise NotLoggedIn("No studio given: run `trainyard login URL`, or set TRAINYARD_URL and TRAINYARD_TOKEN.")
     if not token:

@@ -28,7 +28,7 @@ class StudioUnreachable(Exception):
         self.url = url
 
 
-@dataclass
+@dataclass(eq=False)
 class ApiError(Exception):
     """A request the studio refused, with the envelope's code, message and per-field
     messages keyed by the field's dotted path (`resources.instance_count`)."""
