@@ -41,6 +41,18 @@ def test_run_ddp_follow_exits_zero_with_the_job_completed_and_its_progress_shown
     assert "world size 2" in stored_text(f"{job.output_uri}/logs/rank-0.log")
 
 
+def test_the_ddp_example_runs_from_the_cli_as_its_docstring_says(running_studio, cli):
+    result = cli("run", "examples/ddp_classifier/train.py", "--distribution", "ddp", "--processes-per-node", "2",
+                 "--hp", "epochs=2", "--follow")
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    job = TrainingJob.objects.get()
+    assert job.status == JobStatus.COMPLETED and job.script_uri and job.entry_point == "train.py"
+    assert re.search(r"^progress: step \d+ +train_\w+=\d", result.stdout, re.M), result.stdout
+    assert "[rank 0] epoch 2: train_loss=" in result.stdout
+    assert result.stdout.splitlines()[-1].startswith(f"job {job.pk} Completed")
+
+
 def test_a_failing_script_exits_nonzero_printing_its_reason(running_studio, cli):
     result = cli("run", str(SCRIPTS / "failing" / "train.py"), "--name", "bad-epochs", "--follow")
 
