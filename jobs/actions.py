@@ -129,6 +129,9 @@ def check_distribution(algorithm: str, distribution: str, pipeline: dict, hyperp
         return
     stages = int(pipeline["stages"])
     processes = int(resources.get("instance_count") or 1) * int(resources.get("processes_per_node") or 1)
+    if pipeline.get("ddp") and spec is not None:
+        raise JobError({"pipeline.ddp": (f"{algorithm} trains one pipeline (one process per stage); replicas of it "
+                                         "(ddp) are for scripts through trainyard.parallel.wrap: drop ddp.")})
     if pipeline.get("ddp"):
         if processes % stages:
             raise JobError({"pipeline.stages": (

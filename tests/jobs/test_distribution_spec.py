@@ -290,3 +290,15 @@ def test_a_script_job_reads_its_distribution_as_json(node, owner, client_for, sc
             line = next((line for line in log.splitlines() if marker in line), None)
             assert line is not None, (marker, log[-2000:])
             assert json.loads(line.split(marker, 1)[1]) == expected, line
+
+
+def test_a_built_in_refuses_pipeline_replicas_naming_pipeline_ddp(owner, client_for, big_node, make_version):
+    version = make_version({"train.txt": "the quick brown fox jumps over the lazy dog.\n" * 50}, name="fox")
+    body = {"project": "acme", "name": "lm", "algorithm": "char-lm", "distribution": "pipeline",
+            "inputs": {"train": version.pk},
+            "pipeline": {"stages": 2, "ddp": True}, "resources": {"processes_per_node": 4}}
+    response = submit(client_for(owner), body)
+    assert response.status_code == 400, response.content
+    fields = response.json()["error"]["fields"]
+    assert "replicas of it (ddp) are for scripts" in fields.get("pipeline.ddp", [""])[0], fields
+    assert not TrainingJob.objects.exists()
