@@ -86,7 +86,7 @@ model = tp.wrap(LanguageModel(len(vocabulary), args.width, args.layers, args.con
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
 
 state = {"model": model, "optimizer": optimizer}
-step = tp.load(state) or 0  # the newest sharded checkpoint in SM_CHECKPOINT_DIR, if any
+step = first = tp.load(state) or 0  # the newest whole sharded checkpoint in SM_CHECKPOINT_DIR, if any
 if step and ctx.is_main:
     print(f"resumed from checkpoint step {step}", flush=True)
 
@@ -112,7 +112,7 @@ while step < args.steps:
         tp.save({"model": model, "optimizer": optimizer}, step)
     time.sleep(args.delay)
 
-if ctx.is_main:
+if ctx.is_main and step > first:
     print(f"trained {step} steps: train_loss={mean:.4f}", flush=True)
 weights = tp.model_state(model)
 if ctx.is_main:

@@ -37,6 +37,7 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_mo
 
 from trainyard.errors import DataError
 from trainyard.parallel.context import Context, current
+from trainyard.parallel.processes import emit
 
 KEEP_NEWEST = 2
 MARKER = "metadata"  # the visible copy of DCP's .metadata: a step folder with it is complete
@@ -255,7 +256,7 @@ def _agreed_step(ctx: Context, folder: Path, wanted: int | None) -> int | None:
     """Rank 0's newest complete step (or `wanted` if it is complete there), on every rank."""
     box: list[Any] = [None]
     if ctx.is_main:
-        steps = dict(complete_steps(folder))
+        steps = {number: path for number, path in complete_steps(folder) if _whole(path)}
         if wanted is not None:
             box[0] = wanted if wanted in steps else ("missing", wanted)
         else:
@@ -265,6 +266,30 @@ def _agreed_step(ctx: Context, folder: Path, wanted: int | None) -> int | None:
     if isinstance(box[0], tuple):
         raise DataError(f"no complete checkpoint of step {box[0][1]} in {folder}")
     return box[0]
+
+
+def _whole(path: Path) -> bool:
+    """Every file the checkpoint's metadata names is here, at least as long as it says: a
+    checkpoint whose node died before its sync uploaded that node's shards is passed over
+    for an older one. Read at the start of an attempt, after the agent restored every
+    node's files."""
+    if not (path / _DCP_METADATA).is_file() and (path / MARKER).is_file():
+        _write_visible(path / _DCP_METADATA, (path / MARKER).read_bytes())
+    try:
+        metadata = dcp.FileSystemReader(str(path)).read_metadata()
+    except Exception as exc:
+        emit(f"warning: checkpoint {path.name} has unreadable metadata ({_first_line(exc)}); trying an older one")
+        return False
+    needed: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), int(info.offset) + int(info.length))
+    missing = [name for name, size in needed.items()
+               if not (path / name).is_file() or (path / name).stat().st_size < size]
+    if missing:
+        emit(f"warning: checkpoint {path.name} lacks {', '.join(sorted(missing)[:4])} (a node's part that never "
+             "reached the store); trying an older one")
+        return False
+    return True
 
 
 def _first_line(exc: BaseException) -> str:
