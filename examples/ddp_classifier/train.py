@@ -90,6 +90,7 @@ for epoch in range(args.epochs):
         log_metric("train_accuracy", accuracy, step)
         print(f"epoch {epoch + 1}: train_loss={float(loss):.4f} train_accuracy={accuracy:.4f}", flush=True)
 
+model.measured()  # each rank's peak memory (and a pipeline's stage times) into the job's reports
 weights = tp.model_state(model)  # the whole model on rank 0 (every rank takes part)
 if ctx.is_main:
     torch.save(weights, Path(os.environ.get("SM_MODEL_DIR", ".")) / "model.pt")

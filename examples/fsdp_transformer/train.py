@@ -114,6 +114,7 @@ while step < args.steps:
 
 if ctx.is_main and step > first:
     print(f"trained {step} steps: train_loss={mean:.4f}", flush=True)
+model.measured()  # each rank's peak memory (and a pipeline's stage times) into the job's reports
 weights = tp.model_state(model)
 if ctx.is_main:
     torch.save({"vocabulary": vocabulary, "weights": weights}, Path(os.environ.get("SM_MODEL_DIR", ".")) / "model.pt")

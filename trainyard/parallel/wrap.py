@@ -130,6 +130,17 @@ class Parallel(nn.Module):
         finally:
             self.module.train(was_training)
 
+    def measured(self) -> list[float] | None:
+        """Every rank's peak memory, into the `parallel` report (and `fsdp`'s when sharded);
+        collective: every rank calls it, at the end. Returns None (no stages to time)."""
+        self.memory_per_rank = [round(row[0], 1) for row in _gathered(self.ctx, [_peak_memory_mb(self.ctx.device)])]
+        what = "max_allocated_mb" if self.ctx.device.type == "cuda" else "peak_rss_mb"
+        self.report = {**self.report, "memory_per_rank_mb": self.memory_per_rank, "memory_measure": what}
+        if self.kind == "fsdp":
+            reports.write("fsdp", self.report)
+        _finish(self)
+        return None
+
     def _no_sync(self, skip: bool) -> contextlib.AbstractContextManager[Any]:
         if not skip:
             return contextlib.nullcontext()
@@ -547,6 +558,7 @@ class Pipelined(Parallel):
             "memory_mb": ([round(value / MB, 2) for value in self.partition.memory_bytes(self.costs)]
                           if self.costs is not None else None),
             "memory_cap_mb": self.memory_cap_mb, "notes": list(self.notes),
+            "memory_per_rank_mb": getattr(self, "memory_per_rank", None),
         }
         reports.write("partition", self.report)
         reports.write("parallel", {"kind": "pipeline", **self.report})
@@ -633,17 +645,40 @@ class Pipelined(Parallel):
         return self.module
 
     def measured(self) -> list[float] | None:
-        """Each stage's measured forward+backward ms per step (collective: every rank calls
-        it); also written to the `partition` report."""
+        """Each stage's measured forward+backward ms per step and every rank's peak memory
+        (collective: every rank calls it, at the end); written to the `partition` and
+        `parallel` reports. None when a stage has not stepped."""
         mine = self.clock.seconds * 1000 / self.clock.steps if self.clock.steps else -1.0
-        gathered = [torch.zeros(1, dtype=torch.float64) for _ in range(self.ctx.world_size)]
-        torch.distributed.all_gather(gathered, torch.tensor([mine], dtype=torch.float64))
-        values = [float(item.item()) for item in gathered[: self.stages]]
+        rows = _gathered(self.ctx, [mine, _peak_memory_mb(self.ctx.device)])
+        self.memory_per_rank = [round(row[1], 1) for row in rows]
+        values = [row[0] for row in rows[: self.stages]]
         if min(values) < 0:
             return None
         if self.built:
             self._write_report(values)
         return values
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    """CUDA: the most this process's tensors held on its device; CPU: the process's peak
+    resident memory (the Python and torch runtime included)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / MB
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def _gathered(ctx: Context, values: list[float]) -> list[list[float]]:
+    """Every rank's `values`, in rank order, on every rank."""
+    mine = torch.tensor(values, dtype=torch.float64)
+    if ctx.world_size == 1:
+        return [mine.tolist()]
+    if ctx.backend == "nccl":
+        mine = mine.to(ctx.device)
+    gathered = [torch.zeros_like(mine) for _ in range(ctx.world_size)]
+    torch.distributed.all_gather(gathered, mine)
+    return [row.cpu().tolist() for row in gathered]
 
 
 def _decided_on_main(ctx: Context, decide: Callable[[], Any]) -> Any:
