@@ -253,8 +253,7 @@ def ddp_worker(steps: int) -> None:
 
     torch.set_num_threads(1)
     ctx = tp.init(seed=0)
-    # mypy reads tp.wrap as the submodule trainyard/parallel/wrap.py; at run time (first use) it is the function.
-    wrapped = tp.wrap(build(), loss_fn=F.cross_entropy)  # type: ignore[operator]
+    wrapped = tp.wrap(build(), loss_fn=F.cross_entropy)
     tp.init(seed=0)
     by_hand = DistributedDataParallel(build())
     wrapped_optimizer = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
@@ -347,7 +346,7 @@ def show_blocks(profiles: dict[int, list[dict]], alone: list[float], sweeps: int
     """The blocks as each run's profile saw them beside each measured alone here, and the
     cuts the partitioner makes from the alone figures."""
     from trainyard.parallel.partition import CostModel, LayerCost, auto_partition
-    from trainyard.parallel.wrap import BANDWIDTH_BYTES_PER_MS
+    from trainyard.parallel.stages import BANDWIDTH_BYTES_PER_MS
 
     blocks = next(iter(profiles.values()))
     kinds = ["embed", *(f"{kind[:3]}{size if kind != 'context' else ''}" for kind, size in PLAN), "head"]
