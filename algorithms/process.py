@@ -16,12 +16,14 @@ from typing import Any, NoReturn
 
 import torch
 
+import trainyard.parallel as tp
 from algorithms.base import AlgorithmSpec, validate_hyperparameters
 from algorithms.metrics import MetricLogger
 from trainyard.env import TrainingEnvironment
 from trainyard.env import read_distribution as read_job_distribution
 from trainyard.errors import DataError
-from trainyard.parallel.processes import Distributed, emit, seed_everything, start_distributed, stop_distributed
+from trainyard.parallel.context import Context as Processes
+from trainyard.parallel.processes import emit
 
 
 @dataclass
@@ -29,7 +31,7 @@ class Context:
     spec: AlgorithmSpec
     env: TrainingEnvironment
     hps: dict[str, Any]
-    dist: Distributed
+    dist: Processes  # trainyard.parallel.init(): rank, world size, device, the process group
     logger: MetricLogger = field(default_factory=MetricLogger)
     # The job's `distribution` (TRAINYARD_DISTRIBUTION): "none" and "ddp" both replicate the
     # model (DDP once there are two processes); "fsdp" shards it; "pipeline" cuts it in stages.
@@ -76,14 +78,13 @@ def run_algorithm(spec: AlgorithmSpec, train: Callable[[Context], None]) -> None
         ignored = sorted(set(map(str, env.hyperparameters)) - set(hps))
         if ignored:
             emit(f"note: ignoring hyperparameters {spec.name} does not take: {', '.join(ignored)}")
-        seed_everything(hps["seed"])
-        dist = start_distributed(env)
+        dist = tp.init(seed=hps["seed"])  # the same process group a user's script gets
         context = Context(spec=spec, env=env, hps=hps, dist=dist, distribution=distribution)
         try:
             train(context)
         finally:
             context.logger.close()
-            stop_distributed(dist)
+            tp.destroy()
     except DataError as exc:
         _fail(env.output_dir, str(exc))
 

@@ -20,18 +20,14 @@ from torch.utils.data import BatchSampler, DataLoader
 from algorithms.process import Context
 from trainyard import checkpoints
 from trainyard.errors import DataError
-from trainyard.parallel.processes import Distributed, emit
+from trainyard.parallel.context import Context as Processes
+from trainyard.parallel.processes import emit
 from trainyard.parallel.replicated import Replicated
 from trainyard.parallel.steps import EVAL_BATCH_SIZE, Task, TensorBatches, plan_steps, restore_rng, rng_state
 
 
-def _batch_loss(model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    logits = model(*batch[:-1])
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[-1].reshape(-1))
-
-
 @torch.no_grad()
-def evaluate(task: Task, model: nn.Module, data: TensorBatches, prefix: str, dist: Distributed, *,
+def evaluate(task: Task, model: nn.Module, data: TensorBatches, prefix: str, dist: Processes, *,
              lockstep: bool = False) -> dict[str, float]:
     """Every rank scores its own stride of the data (no padding, so no record counts twice);
     sums are added over ranks, so every rank reports the same, global, figures. With
@@ -130,9 +126,8 @@ def fit(ctx: Context, task: Task, strategy: Replicated | None = None) -> dict[st
                             generator=torch.Generator().manual_seed(hps["seed"] + epoch))
         for batch in loader:
             step += 1
-            loss = _batch_loss(trained, tuple(tensor.to(dist.device) for tensor in batch))
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss = trained.step(tuple(batch[:-1]), batch[-1])  # forward, cross-entropy, backward
             optimizer.step()
             # Summed on the device and read only when reported: .item() every step would
             # make a GPU wait for each step to finish.

@@ -458,14 +458,14 @@ def test_wrap_checkpoints_the_blocks_it_is_given(fresh_context):
 # --- the package's names ---------------------------------------------------------------------------------
 def test_the_public_names_stay_what_they_name_after_their_modules_are_imported():
     """`tp.wrap` must stay the function after anything (tp.Parallel, a second tp.wrap,
-    `import trainyard.parallel.wrap`) has imported the module of the same name."""
+    `import trainyard.parallel.forms`) has imported the modules."""
     import importlib
 
     import trainyard.parallel as tp
 
     for name in tp.__all__:
         getattr(tp, name)
-    importlib.import_module("trainyard.parallel.wrap")
+    importlib.import_module("trainyard.parallel.forms")
     for name in tp.__all__:
         value = getattr(tp, name)
         assert not inspect.ismodule(value), f"trainyard.parallel.{name} is the module {value.__name__}"

@@ -13,7 +13,7 @@ The explicit forms are data_parallel(model), shard(model, cpu_offload=, mixed_pr
 and pipeline(model, stages=, microbatches=, schedule=, partition=, memory_cap_mb=).
 
 Inside: the process group (context, processes), the blocks of a model (blocks), the forms
-(wrap), where to cut a user's model (cuts) and the partitioner (partition), sharded
+(forms), where to cut a user's model (cuts) and the partitioner (partition), sharded
 checkpoints (saving); the built-in algorithms' plans: every step shared (steps), replicated
 DDP (replicated), FSDP (fsdp) and the layer pipeline (pipeline).
 
@@ -27,8 +27,8 @@ from typing import Any
 
 _PUBLIC = {
     "Context": "context", "init": "context", "destroy": "context", "current": "context",
-    "Parallel": "wrap", "Pipelined": "wrap", "wrap": "wrap", "data_parallel": "wrap", "shard": "wrap",
-    "pipeline": "wrap", "save": "saving", "load": "saving", "model_state": "saving",
+    "Parallel": "forms", "Pipelined": "forms", "wrap": "forms", "data_parallel": "forms", "shard": "forms",
+    "pipeline": "forms", "save": "saving", "load": "saving", "model_state": "saving",
 }
 
 __all__ = sorted(_PUBLIC)
@@ -38,4 +38,6 @@ def __getattr__(name: str) -> Any:
     module = _PUBLIC.get(name)
     if module is None:
         raise AttributeError(f"module 'trainyard.parallel' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"trainyard.parallel.{module}"), name)
+    value = getattr(importlib.import_module(f"trainyard.parallel.{module}"), name)
+    globals()[name] = value
+    return value

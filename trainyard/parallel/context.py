@@ -17,16 +17,15 @@ from __future__ import annotations
 
 import atexit
 import os
-import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from trainyard import env as job_env
 from trainyard.errors import DataError
+from trainyard.parallel.processes import seed_everything
 
 _current: Context | None = None
 
@@ -77,6 +76,14 @@ class Context:
         if self.world_size > 1:
             torch.distributed.barrier()
 
+    def sum(self, values: Sequence[float]) -> list[float]:
+        """Element-wise sum over every process (float64, so counts stay exact)."""
+        if self.world_size == 1:
+            return [float(value) for value in values]
+        tensor = torch.tensor(list(values), dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(tensor)
+        return tensor.tolist()
+
     def mean(self, value: float | torch.Tensor) -> float:
         """A number averaged over every process (e.g. a validation loss each rank computed
         on its own part of the data)."""
@@ -91,7 +98,7 @@ def init(seed: int | None = None, *, environ: Mapping[str, str] | None = None) -
     """The process group from the job's environment; the same Context on later calls (also
     after torch.distributed was initialised by the script itself). With a seed, Python's,
     numpy's and torch's generators are seeded alike on every rank, so every rank builds the
-    same initial model."""
+    same initial model, and torch uses its deterministic algorithms where it has them."""
     global _current
     environ = os.environ if environ is None else environ
     if seed is not None:
@@ -106,7 +113,10 @@ def init(seed: int | None = None, *, environ: Mapping[str, str] | None = None) -
     distribution = job_env.read_distribution(environ)
     if distribution.get("kind") == "pipeline":
         stages = int(distribution.get("stages") or world_size)
-        if stages < 1 or world_size % stages:
+        if world_size < stages:
+            raise DataError(f"pipeline: {stages} stages need {stages} processes (one per stage), but WORLD_SIZE is "
+                            f"{world_size}")
+        if world_size % stages:
             raise DataError(f"pipeline: {stages} stages do not divide {world_size} processes; give instance_count × "
                             "processes per node as a multiple of the stages")
         if world_size > stages and not distribution.get("ddp", False):
@@ -142,13 +152,6 @@ def destroy() -> None:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     _current = None
-
-
-def seed_everything(seed: int) -> None:
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 def _int(environ: Mapping[str, str], name: str, default: int) -> int:

@@ -159,8 +159,17 @@ def stage_module(model: nn.Module, units: Sequence[Block], ranges: Sequence[Stag
 def untraceable(model: nn.Module, exc: BaseException) -> str:
     """What to tell a person whose model torch.export cannot trace: the call that failed,
     where in their code, and what to pass instead."""
-    frames = [frame for frame in traceback.extract_tb(exc.__traceback__)
+    # torch.distributed.pipelining re-raises export's error as a generic one: the user's
+    # frame and the real reason are down the chain of causes.
+    chain: list[BaseException] = [exc]
+    while len(chain) < 20:
+        link = chain[-1].__cause__ or chain[-1].__context__
+        if link is None or link in chain:
+            break
+        chain.append(link)
+    frames = [frame for link in chain for frame in traceback.extract_tb(link.__traceback__)
               if "/torch/" not in frame.filename and "/trainyard/" not in frame.filename]
+    exc = chain[-1]
     where = f" at {frames[-1].filename}:{frames[-1].lineno} ({(frames[-1].line or '').strip()})" if frames else ""
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
     return (f"pipeline: torch.export could not trace {type(model).__name__}.forward{where}: {type(exc).__name__}: "

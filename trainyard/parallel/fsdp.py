@@ -29,7 +29,9 @@ import torch
 from torch import nn
 
 from trainyard import report
-from trainyard.parallel.processes import Distributed, emit
+from trainyard.parallel.context import Context
+from trainyard.parallel.forms import Parallel
+from trainyard.parallel.processes import emit
 from trainyard.parallel.replicated import Replicated
 from trainyard.parallel.steps import Run
 
@@ -43,13 +45,13 @@ class FullyShard(Replicated):
         self.sharded: nn.Module | None = None
 
     # --- how the model is spread ----------------------------------------------------------------
-    def prepare(self, model: nn.Module, dist: Distributed) -> nn.Module:
+    def prepare(self, model: nn.Module, dist: Context) -> nn.Module:
         """Shard with the first API that runs here; the `fsdp` report says which."""
         model = self._prepare(model, dist)
         report.write("fsdp", self.describe())
         return model
 
-    def _prepare(self, model: nn.Module, dist: Distributed) -> nn.Module:
+    def _prepare(self, model: nn.Module, dist: Context) -> nn.Module:
         model = model.to(dist.device)
         if dist.world_size == 1 or not torch.distributed.is_initialized():
             self._fall_back("sharding", "a single process has no process group to shard over",
@@ -69,9 +71,12 @@ class FullyShard(Replicated):
         self.api = "ddp"
         return model
 
-    def wrap(self, model: nn.Module, dist: Distributed) -> nn.Module:
+    def wrap(self, model: nn.Module, dist: Context) -> Parallel:
         # A sharded model is its own training module; only the DDP fallback still wraps.
-        return super().wrap(model, dist) if self.api == "ddp" else model
+        if self.api == "ddp":
+            return super().wrap(model, dist)
+        return Parallel(self.sharded or model, model, dist, "fsdp", loss_fn=None, gradient_accumulation=1,
+                        report=self.describe())
 
     @property
     def collective(self) -> bool:
@@ -139,7 +144,7 @@ def _units(model: nn.Module) -> list[nn.Module]:
     return list(model) if isinstance(model, nn.Sequential) else []
 
 
-def _shard(model: nn.Module, api: str, dist: Distributed) -> nn.Module:
+def _shard(model: nn.Module, api: str, dist: Context) -> nn.Module:
     if api == "fully_shard":
         from torch.distributed.fsdp import fully_shard
 
@@ -159,7 +164,7 @@ def _shard(model: nn.Module, api: str, dist: Distributed) -> nn.Module:
                                     device_id=dist.device if dist.device.type == "cuda" else None)
 
 
-def _probe(api: str, dist: Distributed) -> None:
+def _probe(api: str, dist: Context) -> None:
     """One step of a tiny sharded model: raises where this API cannot run here. Seeded on
     its own generator, so the training RNG is untouched."""
     generator = torch.Generator().manual_seed(0)

@@ -9,7 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainyard.parallel.processes import Distributed
+from trainyard.parallel.context import Context
+from trainyard.parallel.forms import Parallel
 
 
 class Replicated:
@@ -27,16 +28,16 @@ class Replicated:
         """Every rank must run as many forwards as the others (a sharded forward all-gathers)."""
         return False
 
-    def prepare(self, model: nn.Module, dist: Distributed) -> nn.Module:
+    def prepare(self, model: nn.Module, dist: Context) -> nn.Module:
         """The model whose parameters the optimizer steps."""
         return model.to(dist.device)
 
-    def wrap(self, model: nn.Module, dist: Distributed) -> nn.Module:
-        """The module the training steps call."""
-        if dist.world_size == 1:
-            return model
-        device_ids = [dist.device.index] if dist.device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+    def wrap(self, model: nn.Module, dist: Context) -> Parallel:
+        """The module the training steps call: trainyard.parallel's data_parallel, as a
+        user's script gets it (the model itself with one process)."""
+        from trainyard.parallel.forms import data_parallel
+
+        return data_parallel(model)
 
     def model_state(self, model: nn.Module) -> dict[str, Any]:
         """The whole model's state dict, as one unsplit process would have it (rank 0's is

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
 from trainyard.errors import DataError
@@ -210,11 +211,18 @@ def load(items: MutableMapping[str, Any], *, directory: str | os.PathLike[str] |
         if optimizer is not None:
             _initialise(module, optimizer)
     state, parts = _state(items)
+    unknown = sorted(_saved_model_keys(path, items) - _model_keys(items))
+    if unknown:
+        raise DataError(f"checkpoint {path.name} does not fit this model (were the architecture or its "
+                        f"hyperparameters changed?): the model has no {', '.join(unknown[:5])}")
     try:
         dcp.load(state, storage_reader=dcp.FileSystemReader(str(path)))
-    except Exception as exc:
+    except (Exception, CheckpointException) as exc:  # DCP's CheckpointException is a BaseException
+        cause: BaseException = exc
+        if isinstance(exc, CheckpointException) and exc.failures:
+            cause = next(iter(exc.failures.values()))[0]
         raise DataError(f"checkpoint {path.name} does not fit this model (were the architecture or its "
-                        f"hyperparameters changed?): {_first_line(exc)}") from None
+                        f"hyperparameters changed?): {_first_line(cause)}") from None
     for key, module, optimizer in parts:
         if optimizer is None:
             set_model_state_dict(module, state[key])
@@ -320,3 +328,16 @@ def model_state(model: nn.Module) -> dict[str, torch.Tensor]:
         gathered = get_model_state_dict(built, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return {name: value for name, value in gathered.items() if isinstance(value, torch.Tensor)}
     return {name: tensor.detach().cpu() for name, tensor in built.state_dict().items()} if ctx.is_main else {}
+
+
+def _model_keys(items: Mapping[str, Any]) -> set[str]:
+    """The names the script's whole model has (a pipeline stage loads a part of them)."""
+    return {f"{key}.{name}" for key, value in items.items() if isinstance(value, nn.Module)
+            for name in get_model_state_dict(getattr(value, "model", value))}
+
+
+def _saved_model_keys(path: Path, items: Mapping[str, Any]) -> set[str]:
+    """The model entries a checkpoint holds."""
+    metadata = dcp.FileSystemReader(str(path)).read_metadata()
+    prefixes = tuple(f"{key}." for key, value in items.items() if isinstance(value, nn.Module))
+    return {key for key in metadata.state_dict_metadata if key.startswith(prefixes)}

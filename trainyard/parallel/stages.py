@@ -1,5 +1,5 @@
 """distribution "pipeline" for the built-in algorithms' stacks of layers (a user's model goes
-through trainyard.parallel.wrap.pipeline): the layers cut into contiguous stages, one per process,
+through trainyard.parallel.pipeline): the layers cut into contiguous stages, one per process,
 each batch split into microbatches that flow through the stages (torch.distributed.pipelining:
 PipelineStage with ScheduleGPipe or Schedule1F1B).
 

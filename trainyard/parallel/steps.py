@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.data import DistributedSampler
 
 from trainyard.env import TrainingEnvironment
-from trainyard.parallel.processes import Distributed
+from trainyard.parallel.context import Context
 
 EVAL_BATCH_SIZE = 512
 
@@ -47,7 +47,7 @@ class Run(Protocol):
     def hps(self) -> dict[str, Any]: ...
 
     @property
-    def dist(self) -> Distributed: ...
+    def dist(self) -> Context: ...
 
     @property
     def logger(self) -> PointLogger: ...
