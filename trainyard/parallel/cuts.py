@@ -6,7 +6,7 @@
 
 The cut points are the blocks of trainyard.parallel.blocks in execution order. Each block
 is profiled alone on the inputs it received in one forward of an example microbatch:
-forward and backward time (median of repeats), parameter bytes, what autograd keeps for
+forward and backward time (the fastest of several sweeps over all blocks), parameter bytes, what autograd keeps for
 backward, and what it outputs (what crosses a cut after it). An nn.Sequential's stage is
 its slice, under the items' own names; any other model is traced by torch.export and split
 at the chosen blocks by torch.distributed.pipelining, whose stage modules keep the model's
@@ -17,7 +17,7 @@ Imports torch at the top: only training processes import this module.
 
 from __future__ import annotations
 
-import statistics
+import math
 import time
 import traceback
 from collections import OrderedDict
@@ -60,18 +60,20 @@ def _bytes(value: Any) -> int:
 
 
 def profile_blocks(model: nn.Module, units: Sequence[Block], example: Sequence[Any], targets: torch.Tensor,
-                   loss_fn: LossFn, *, repeats: int = 5, warmup: int = 1) -> list[LayerCost]:
+                   loss_fn: LossFn, *, repeats: int = 7, warmup: int = 1) -> list[LayerCost]:
     """Each block's cost for the example microbatch, run alone on what it received in one
     forward of the whole model. The last block's figures include the loss when its output
-    is the model's. RNG state is restored afterwards: profiling never changes training."""
+    is the model's. Timed in sweeps, each visiting every block once, and each block's
+    fastest sweep kept: a burst of other work on a shared machine then spoils one sweep of
+    every block, never all of one block's runs (which would move the cut). RNG state is
+    restored afterwards: profiling never changes training."""
     captured: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
-    parts = [(index, part) for index, unit in enumerate(units)
-             for part in (unit.module.parts if isinstance(unit.module, _Merged) else [unit.module])]
+    members = [unit.module.parts if isinstance(unit.module, _Merged) else [unit.module] for unit in units]
 
     def keep(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         captured.setdefault(id(module), (_detached(args), _detached(kwargs)))
 
-    handles = [part.register_forward_pre_hook(keep, with_kwargs=True) for _, part in parts]
+    handles = [part.register_forward_pre_hook(keep, with_kwargs=True) for parts in members for part in parts]
     with torch.random.fork_rng(devices=[]):
         try:
             with torch.no_grad():
@@ -79,61 +81,66 @@ def profile_blocks(model: nn.Module, units: Sequence[Block], example: Sequence[A
         finally:
             for handle in handles:
                 handle.remove()
+        probes = [[_Probe(part, *captured[id(part)], targets if index == len(units) - 1 and part is parts[-1] else None,
+                          model_output, loss_fn) for part in parts] for index, parts in enumerate(members)]
+        for sweep in range(warmup + repeats):
+            for block in probes:
+                for probe in block:
+                    probe.once(keep=sweep >= warmup)
         costs = []
-        for index, unit in enumerate(units):
-            members = unit.module.parts if isinstance(unit.module, _Merged) else [unit.module]
-            forward_ms = backward_ms = 0.0
-            activation = output_bytes = 0
-            for member in members:
-                args, kwargs = captured[id(member)]
-                last = index == len(units) - 1 and member is members[-1]
-                timed = _time_alone(member, args, kwargs, targets if last else None, model_output, loss_fn, repeats,
-                                    warmup)
-                forward_ms += timed[0]
-                backward_ms += timed[1]
-                activation += timed[2]
-                output_bytes = timed[3]
-            costs.append(LayerCost(name=unit.name, forward_ms=forward_ms, backward_ms=backward_ms,
+        for unit, block in zip(units, probes, strict=True):
+            costs.append(LayerCost(name=unit.name, forward_ms=sum(probe.forward_ms for probe in block),
+                                   backward_ms=sum(probe.backward_ms for probe in block),
                                    parameter_bytes=sum(p.numel() * p.element_size() for p in unit.module.parameters()),
-                                   activation_bytes=activation, output_bytes=output_bytes))
+                                   activation_bytes=sum(probe.saved_bytes() for probe in block),
+                                   output_bytes=block[-1].output_bytes))
     return costs
 
 
-def _time_alone(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], targets: torch.Tensor | None,
-                model_output: Any, loss_fn: LossFn, repeats: int, warmup: int) -> tuple[float, float, int, int]:
-    parameters = {parameter.data_ptr() for parameter in module.parameters()}
+class _Probe:
+    """One module run alone on its captured inputs: forward and backward times (the
+    fastest kept), what autograd saves for backward, and the size of what it outputs."""
 
-    def run() -> tuple[Any, list[torch.Tensor]]:
-        output = module(*_detached(args), **_detached(kwargs))
-        if (targets is not None and isinstance(output, torch.Tensor) and isinstance(model_output, torch.Tensor)
-                and output.shape == model_output.shape):
-            return output, [loss_fn(output, targets)]
+    def __init__(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], targets: torch.Tensor | None,
+                 model_output: Any, loss_fn: LossFn) -> None:
+        self.module, self.args, self.kwargs = module, args, kwargs
+        self.targets, self.model_output, self.loss_fn = targets, model_output, loss_fn
+        self.forward_ms = self.backward_ms = math.inf
+        self.output_bytes = 0
+
+    def _run(self) -> tuple[Any, list[torch.Tensor]]:
+        output = self.module(*_detached(self.args), **_detached(self.kwargs))
+        if (self.targets is not None and isinstance(output, torch.Tensor) and isinstance(self.model_output, torch.Tensor)
+                and output.shape == self.model_output.shape):
+            return output, [self.loss_fn(output, self.targets)]
         return output, [tensor for tensor in _tensors(output) if tensor.requires_grad]
 
-    forward_times, backward_times = [], []
-    output: Any = None
-    for repetition in range(warmup + repeats):
+    def once(self, keep: bool) -> None:
         started = time.perf_counter()
-        output, results = run()
+        output, results = self._run()
         middle = time.perf_counter()
         if results:
             torch.autograd.backward(results, [torch.ones_like(result) for result in results])
         finished = time.perf_counter()
-        module.zero_grad(set_to_none=True)
-        if repetition >= warmup:
-            forward_times.append((middle - started) * 1000)
-            backward_times.append((finished - middle) * 1000)
-    saved: dict[int, int] = {}
+        self.module.zero_grad(set_to_none=True)
+        self.output_bytes = _bytes(output)
+        if keep:
+            self.forward_ms = min(self.forward_ms, (middle - started) * 1000)
+            self.backward_ms = min(self.backward_ms, (finished - middle) * 1000)
 
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        pointer = tensor.untyped_storage().data_ptr()
-        if pointer not in parameters:
-            saved[pointer] = max(saved.get(pointer, 0), tensor.untyped_storage().nbytes())
-        return tensor
+    def saved_bytes(self) -> int:
+        parameters = {parameter.data_ptr() for parameter in self.module.parameters()}
+        saved: dict[int, int] = {}
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        run()
-    return statistics.median(forward_times), statistics.median(backward_times), sum(saved.values()), _bytes(output)
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            pointer = tensor.untyped_storage().data_ptr()
+            if pointer not in parameters:
+                saved[pointer] = max(saved.get(pointer, 0), tensor.untyped_storage().nbytes())
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            self._run()
+        return sum(saved.values())
 
 
 def stage_module(model: nn.Module, units: Sequence[Block], ranges: Sequence[StageRange], stage: int,
