@@ -64,7 +64,7 @@ def save_checkpoint(state: dict[str, Any], step: int, directory: str | os.PathLi
     finally:
         with contextlib.suppress(FileNotFoundError):
             temporary.unlink()
-    _fsync_directory(folder)
+    fsync_directory(folder)
     for _, old in list_checkpoints(folder)[:-keep] if keep > 0 else []:
         with contextlib.suppress(FileNotFoundError):
             old.unlink()
@@ -79,8 +79,8 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> 
     return torch.load(Path(path), map_location=map_location, weights_only=True)
 
 
-def _fsync_directory(folder: Path) -> None:
-    # Makes the rename itself durable; not possible on every platform, and not fatal.
+def fsync_directory(folder: Path) -> None:
+    """Makes a rename into `folder` itself durable; not possible on every platform, and not fatal."""
     try:
         descriptor = os.open(folder, os.O_RDONLY)
     except OSError:

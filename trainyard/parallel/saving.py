@@ -36,6 +36,7 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
+from trainyard import checkpoints
 from trainyard.errors import DataError
 from trainyard.parallel.context import Context, current
 from trainyard.parallel.processes import emit
@@ -148,7 +149,7 @@ def save(items: Mapping[str, Any], step: int, *, directory: str | os.PathLike[st
     if ctx.local_rank == 0:
         shutil.rmtree(final, ignore_errors=True)
         os.replace(partial, final)
-        _fsync(folder)
+        checkpoints.fsync_directory(folder)
     ctx.barrier()
     if ctx.is_main:
         _write_visible(final / MARKER, (final / _DCP_METADATA).read_bytes())
@@ -176,17 +177,6 @@ def _rotate(folder: Path, keep: int) -> None:
     for entry in folder.glob(".step-*.partial"):
         if entry.name != f".step-{steps[-1][0]:09d}.partial" if steps else True:
             shutil.rmtree(entry, ignore_errors=True)
-
-
-def _fsync(folder: Path) -> None:
-    try:
-        descriptor = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 # --- load ------------------------------------------------------------------------------------------

@@ -23,7 +23,6 @@ at the end with each stage's measured forward+backward time.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -40,6 +39,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from torch.utils.data import BatchSampler, DataLoader
 
 from trainyard import checkpoints, protocol, report
+from trainyard.env import read_distribution
 from trainyard.errors import DataError
 from trainyard.parallel.partition import (
     MB,
@@ -74,31 +74,19 @@ class PipelineSettings:
 
     @classmethod
     def from_env(cls, world_size: int) -> PipelineSettings:
-        """TRAINYARD_PIPELINE (what the API validated); a run by hand may leave it out
-        and get one stage per process. DataError for what a hand-made value gets wrong."""
-        raw = os.environ.get(protocol.ENV_PIPELINE, "").strip() or "{}"
-        try:
-            values = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{protocol.ENV_PIPELINE} is not valid JSON: {exc}") from None
-        if not isinstance(values, dict):
-            raise DataError(f"{protocol.ENV_PIPELINE} must be a JSON object, got {raw!r}")
-        settings = cls(stages=int(values.get("stages") or world_size),
-                       microbatches=int(values.get("microbatches") or 4),
-                       schedule=str(values.get("schedule") or "gpipe"),
-                       partition=values.get("partition") or "auto",
-                       memory_cap_mb=values.get("memory_cap_mb"))
+        """The job's pipeline settings (trainyard.env.read_distribution: what the API
+        validated); a run by hand may leave them out and get one stage per process.
+        DataError for what a hand-made value gets wrong."""
+        values = read_distribution({**os.environ, "WORLD_SIZE": str(world_size),
+                                    protocol.ENV_DISTRIBUTION: os.environ.get(protocol.ENV_DISTRIBUTION) or "pipeline"})
+        settings = cls(stages=int(values["stages"]), microbatches=int(values["microbatches"]),
+                       schedule=str(values["schedule"]), partition=values["partition"],
+                       memory_cap_mb=values["memory_cap_mb"])
         if settings.stages != world_size:
             raise DataError(f"pipeline: {settings.stages} stages need {settings.stages} processes (one per stage), "
                             f"but WORLD_SIZE is {world_size}")
         if settings.stages < 2:
             raise DataError("pipeline: needs at least 2 stages (2 processes); use distribution 'none' for one")
-        if settings.microbatches < 1:
-            raise DataError(f"pipeline: microbatches must be ≥ 1, got {settings.microbatches}")
-        if settings.schedule not in SCHEDULES:
-            raise DataError(f"pipeline: schedule must be one of {', '.join(SCHEDULES)}, got {settings.schedule!r}")
-        if not (settings.partition in ("auto", "even") or isinstance(settings.partition, list)):
-            raise DataError(f'pipeline: partition must be "auto", "even" or a list of layer counts, got {settings.partition!r}')
         return settings
 
     @property
