@@ -54,6 +54,7 @@ class StageRow:
     predicted_ms: float | None
     measured_ms: float | None
     memory_mb: float | None
+    peak_memory_mb: float | None  # measured: the stage's process (replica 0's) at its peak
     over_cap: bool
     predicted_bar: int  # percent of the slowest stage (for the inline bars)
     measured_bar: int
@@ -102,6 +103,7 @@ def partition_report(details: Any) -> PartitionReport | None:
     predicted = [_number(v) for v in _list(report.get("predicted_ms"))]
     measured = [_number(v) for v in _list(report.get("measured_ms"))]
     memory = [_number(v) for v in _list(report.get("memory_mb"))]
+    peaks = [_number(v) for v in _list(report.get("memory_per_rank_mb"))]  # by rank: replica 0's ranks come first
     cap = _number(report.get("memory_cap_mb"))
     count = _integer(report.get("stages")) or 0
     count = min(MAX_STAGES, max(count, len(ranges), len(predicted), len(measured), len(memory)))
@@ -126,6 +128,7 @@ def partition_report(details: Any) -> PartitionReport | None:
         rows.append(StageRow(
             stage=index, first_layer=first, last_layer=last, layer_names=names,
             predicted_ms=at(predicted, index), measured_ms=at(measured, index), memory_mb=stage_memory,
+            peak_memory_mb=at(peaks, index),
             over_cap=cap is not None and stage_memory is not None and stage_memory > cap,
             predicted_bar=_share(at(predicted, index), largest_predicted),
             measured_bar=_share(at(measured, index), largest_measured),

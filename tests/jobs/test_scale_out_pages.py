@@ -149,6 +149,18 @@ def test_the_partition_panel_lists_stages_with_times_memory_and_balance(owner, p
     assert live_config(body)["expects_report"] is True
 
 
+def test_the_partition_panel_shows_each_stage_s_measured_peak_memory(owner, project):
+    measured = {**PARTITION, "memory_per_rank_mb": [381.5, 402.0, 390.0, 401.0]}  # 2 replicas of 2 stages
+    job = pipeline_job(project, status=JobStatus.COMPLETED, finished_at=timezone.now(), details={"partition": measured})
+    panel = section(login(owner).get(reverse("job-detail", args=[job.pk])).content.decode(), "partition-panel")
+    stage0 = re.search(r'<tr data-stage="0".*?</tr>', panel, re.S).group(0)
+    stage1 = re.search(r'<tr data-stage="1".*?</tr>', panel, re.S).group(0)
+    assert "peak 381.5" in stage0 and "peak 402" in stage1  # replica 0's ranks: one per stage
+    unmeasured = section(login(owner).get(reverse("job-detail", args=[pipeline_job(
+        project, details={"partition": PARTITION}).pk])).content.decode(), "partition-panel")
+    assert "peak " not in re.sub(r"<th.*?</th>", "", unmeasured, flags=re.S)
+
+
 def test_a_partition_without_measurements_says_they_come_after_training(owner, project):
     predicted_only = {**PARTITION, "measured_ms": None, "balance_measured": None}
     job = pipeline_job(project, details={"partition": predicted_only})

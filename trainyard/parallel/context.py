@@ -123,6 +123,10 @@ def init(seed: int | None = None, *, environ: Mapping[str, str] | None = None) -
             raise DataError(f"pipeline: {world_size} processes for {stages} stages needs \"ddp\": true (data parallel "
                             "across the pipeline's replicas), or as many processes as stages")
     use_cuda = torch.cuda.is_available()
+    local_world = _int(environ, "LOCAL_WORLD_SIZE", 1)
+    if use_cuda and world_size > 1 and local_world > torch.cuda.device_count():
+        raise DataError(f"{local_world} processes on this node but {torch.cuda.device_count()} GPU(s): NCCL needs one GPU "
+                        "per process; set processes_per_node to at most the GPU count")
     if use_cuda:
         device = torch.device(f"cuda:{local_rank % torch.cuda.device_count()}")
         torch.cuda.set_device(device)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import time
 import traceback
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -59,7 +60,7 @@ def _bytes(value: Any) -> int:
     return sum(tensor.numel() * tensor.element_size() for tensor in _tensors(value))
 
 
-def profile_blocks(model: nn.Module, units: Sequence[Block], example: Sequence[Any], targets: torch.Tensor,
+def profile_blocks(model: nn.Module, units: Sequence[Block], example: Sequence[Any], targets: torch.Tensor | None,
                    loss_fn: LossFn, *, repeats: int = 7, warmup: int = 1) -> list[LayerCost]:
     """Each block's cost for the example microbatch, run alone on what it received in one
     forward of the whole model. The last block's figures include the loss when its output
@@ -74,7 +75,8 @@ def profile_blocks(model: nn.Module, units: Sequence[Block], example: Sequence[A
         captured.setdefault(id(module), (_detached(args), _detached(kwargs)))
 
     handles = [part.register_forward_pre_hook(keep, with_kwargs=True) for parts in members for part in parts]
-    with torch.random.fork_rng(devices=[]):
+    devices = sorted({parameter.device.index or 0 for parameter in model.parameters() if parameter.device.type == "cuda"})
+    with torch.random.fork_rng(devices=devices):
         try:
             with torch.no_grad():
                 model_output = model(*example)
@@ -116,11 +118,17 @@ class _Probe:
         return output, [tensor for tensor in _tensors(output) if tensor.requires_grad]
 
     def once(self, keep: bool) -> None:
+        # CUDA runs kernels asynchronously: without a synchronise the clock reads launches.
+        on_cuda = any(parameter.is_cuda for parameter in self.module.parameters())
+        synchronize = torch.cuda.synchronize if on_cuda else (lambda: None)
+        synchronize()
         started = time.perf_counter()
         output, results = self._run()
+        synchronize()
         middle = time.perf_counter()
         if results:
             torch.autograd.backward(results, [torch.ones_like(result) for result in results])
+        synchronize()
         finished = time.perf_counter()
         self.module.zero_grad(set_to_none=True)
         self.output_bytes = _bytes(output)
@@ -153,7 +161,10 @@ def stage_module(model: nn.Module, units: Sequence[Block], ranges: Sequence[Stag
 
     split_spec = {units[start].name.split("+", 1)[0]: SplitPoint.BEGINNING for start, _ in ranges[1:]}
     try:
-        pipe = pipeline(model, mb_args=tuple(example), split_spec=split_spec)
+        with warnings.catch_warnings():
+            # torch.export's own deprecation notice, printed once per rank into the user's log.
+            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*", category=FutureWarning)
+            pipe = pipeline(model, mb_args=tuple(example), split_spec=split_spec)
     except Exception as exc:
         raise DataError(untraceable(model, exc)) from None
     if pipe.num_stages != len(ranges):

@@ -508,13 +508,14 @@ class Pipelined(Parallel):
             notes: list[str] = []
             costs: CostModel | None = None
             if self.partition_spec == "auto" or self.memory_cap_mb:
-                targets = (example_targets if example_targets is not None
-                           else torch.zeros(len(micro[0]), dtype=torch.long))[: len(micro[0])]
+                # Without targets (example_inputs alone) the last block is timed without the loss.
+                targets = example_targets[: len(micro[0])] if example_targets is not None else None
                 layer_costs = profile_blocks(self.model, units, micro, targets, self.loss_fn)
                 costs = CostModel(tuple(layer_costs), microbatches=count, schedule=self.schedule_name,
                                   bandwidth_bytes_per_ms=BANDWIDTH_BYTES_PER_MS.get(self.ctx.backend or "gloo", 2e6))
+                where = next((parameter.device.type for parameter in self.model.parameters()), "cpu")
                 notes.append(f"profiled each of {len(units)} blocks alone on a microbatch of {len(micro[0])} records "
-                             f"on rank 0 ({self.ctx.device.type})")
+                             f"on rank 0, where the script built the model ({where})")
             cap = self.memory_cap_mb * MB if self.memory_cap_mb else None
             if self.partition_spec == "auto":
                 assert costs is not None
