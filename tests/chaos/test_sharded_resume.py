@@ -18,7 +18,7 @@ from tests.conftest import ROOT, wait_for
 
 pytestmark = pytest.mark.slow
 
-STEPS = 40
+STEPS = 30
 
 
 def _points(job: TrainingJob) -> list[int]:
@@ -40,7 +40,7 @@ def test_the_fsdp_example_resumes_from_its_sharded_checkpoint_after_a_node_is_ki
     job = TrainingJob.objects.create(
         project=project, name=f"sharded-{uuid.uuid4().hex[:6]}", script_uri=uri, entry_point="train.py",
         distribution="fsdp", retries=2,
-        hyperparameters={"steps": STEPS, "checkpoint_every": 5, "delay": 0.2, "width": 32, "layers": 2},
+        hyperparameters={"steps": STEPS, "checkpoint_every": 5, "delay": 0.15, "width": 32, "layers": 2},
         resources={"instance_type": INSTANCE_TYPE, "instance_count": 2, "processes_per_node": 1})
     job.output_uri = object_uri(f"jobs/{job.pk}")
     job.checkpoint = {"uri": f"{job.output_uri}/checkpoints"}

@@ -21,9 +21,9 @@ pytestmark = pytest.mark.slow
 EXAMPLES = ROOT / "examples"
 # Small enough for 2 CPU cores; the examples' defaults are what a person would run.
 HYPERPARAMETERS = {
-    "ddp_classifier": {"epochs": 2, "batch_size": 64},
-    "fsdp_transformer": {"steps": 12, "checkpoint_every": 5, "width": 32, "layers": 2},
-    "pipeline_custom": {"steps": 12, "batch_size": 32},
+    "ddp_classifier": {"epochs": 1, "batch_size": 64},
+    "fsdp_transformer": {"steps": 8, "checkpoint_every": 4, "width": 32, "layers": 1},
+    "pipeline_custom": {"steps": 8, "batch_size": 32},
 }
 OWN_FORM = {"ddp_classifier": "ddp", "fsdp_transformer": "fsdp", "pipeline_custom": "pipeline"}
 
