@@ -63,43 +63,45 @@ class RegisterForm(HostingForm):
         return {"job": job}
 
 
-class DeployForm(HostingForm):
+class ModelPageForm(HostingForm):
+    """A form on a model's page: a version of that model and a review flow of its project
+    (or none), resolved the same way for every such form."""
+
+    model_version = _text()
+    flow_definition = _text()
+
+    def __init__(self, *args: Any, model: Model, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.model = model
+
+    def version(self, data: dict[str, Any]) -> Any:
+        return actions.resolve_model_version(self.model.project, self.model, data.get("model_version"))
+
+    def flow(self, data: dict[str, Any], version: Any) -> Any:
+        return actions.flow_in_project(self.model.project, data.get("flow_definition") or None, version)
+
+
+class DeployForm(ModelPageForm):
     """The deploy form on a model's page: a version of that model, a name, a flow or none."""
 
     name = _text()
-    model_version = _text()
-    flow_definition = _text()
-
-    def __init__(self, *args: Any, model: Model, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.model = model
 
     def resolve(self, data: dict[str, Any]) -> dict[str, Any]:
-        project = self.model.project
-        version = actions.resolve_model_version(project, self.model, data.get("model_version"))
+        version = self.version(data)
         name = actions.endpoint_name(data.get("name"))
-        flow = actions.flow_in_project(project, data.get("flow_definition") or None, version)
-        return {"model_version": version, "name": name, "flow_definition": flow}
+        return {"model_version": version, "name": name, "flow_definition": self.flow(data, version)}
 
 
-class BatchForm(HostingForm):
+class BatchForm(ModelPageForm):
     """The batch form on a model's page: a version of that model, a dataset version of its
     project and a flow or none."""
 
-    model_version = _text()
     dataset_version = _text()
-    flow_definition = _text()
-
-    def __init__(self, *args: Any, model: Model, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.model = model
 
     def resolve(self, data: dict[str, Any]) -> dict[str, Any]:
-        project = self.model.project
-        version = actions.resolve_model_version(project, self.model, data.get("model_version"))
-        dataset_version = actions.dataset_version_in_project(project, data.get("dataset_version"))
-        flow = actions.flow_in_project(project, data.get("flow_definition") or None, version)
-        return {"model_version": version, "dataset_version": dataset_version, "flow_definition": flow}
+        version = self.version(data)
+        dataset_version = actions.dataset_version_in_project(self.model.project, data.get("dataset_version"))
+        return {"model_version": version, "dataset_version": dataset_version, "flow_definition": self.flow(data, version)}
 
 
 class EndpointSettingsForm(HostingForm):
