@@ -133,13 +133,7 @@ def read_distribution(environ: Mapping[str, str] | None = None) -> dict[str, Any
     elif raw.isidentifier():
         value = {"kind": raw}
     else:
-        try:
-            parsed = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{name} is not valid JSON: {exc} (got {raw[:200]!r})") from None
-        if not isinstance(parsed, dict):
-            raise DataError(f'{name} must be a JSON object such as {{"kind": "ddp"}}, got {raw[:200]!r}')
-        value = dict(parsed)
+        value = _json_object(raw, name, ' such as {"kind": "ddp"}')
     kind = value.get("kind")
     if not isinstance(kind, str):
         raise DataError(f'{name} needs "kind": one of {", ".join(DISTRIBUTION_KINDS)}; got {raw[:200]!r}')
@@ -150,16 +144,21 @@ def read_distribution(environ: Mapping[str, str] | None = None) -> dict[str, Any
     return value
 
 
+def _json_object(raw: str, name: str, such_as: str = "") -> dict[str, Any]:
+    """Variable `name`'s JSON object, or a DataError saying what it is instead."""
+    try:
+        parsed = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{name} is not valid JSON: {exc} (got {raw[:200]!r})") from None
+    if not isinstance(parsed, dict):
+        raise DataError(f"{name} must be a JSON object{such_as}, got {raw[:200]!r}")
+    return dict(parsed)
+
+
 def _pipeline_settings(value: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
     """A pipeline's settings: the distribution object's, then TRAINYARD_PIPELINE's, then the
     defaults, each checked (the API checked a job's; a hand-made environment may be wrong)."""
-    raw = env.get(protocol.ENV_PIPELINE, "").strip() or "{}"
-    try:
-        separate = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{protocol.ENV_PIPELINE} is not valid JSON: {exc}") from None
-    if not isinstance(separate, dict):
-        raise DataError(f"{protocol.ENV_PIPELINE} must be a JSON object, got {raw[:200]!r}")
+    separate = _json_object(env.get(protocol.ENV_PIPELINE, "").strip() or "{}", protocol.ENV_PIPELINE)
     fallback: dict[str, Any] = {**PIPELINE_DEFAULTS, **separate}
     if "stages" not in fallback and env.get("WORLD_SIZE", "").strip():
         fallback["stages"] = _int(env, "WORLD_SIZE", 1)
