@@ -9,21 +9,18 @@ Imports torch at the top: only training processes import this module.
 from __future__ import annotations
 
 import math
-import sys
 import time
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import BatchSampler, DataLoader
 
 from algorithms.process import Context
 from trainyard import checkpoints
 from trainyard.errors import DataError
 from trainyard.parallel.context import Context as Processes
-from trainyard.parallel.processes import emit
 from trainyard.parallel.replicated import Replicated
-from trainyard.parallel.steps import EVAL_BATCH_SIZE, Task, TensorBatches, plan_steps, restore_rng, rng_state
+from trainyard.parallel.steps import EVAL_BATCH_SIZE, Task, TensorBatches, epoch_batches, plan_steps, restore_rng, rng_state
 
 
 @torch.no_grad()
@@ -62,15 +59,7 @@ def _resume(ctx: Context, model: nn.Module, optimizer: torch.optim.Optimizer, st
     """The step of the newest readable checkpoint, its state loaded into model, optimizer
     and RNGs; 0 when there is none. An unreadable newest file (a sync cut short) falls
     back to the one before it."""
-    for step, path in reversed(checkpoints.list_checkpoints(ctx.env.checkpoint_dir)):
-        try:
-            state = checkpoints.load_checkpoint(path)
-        except Exception as exc:
-            emit(f"warning: checkpoint {path.name} is unreadable ({exc}); trying an older one", sys.stderr)
-            continue
-        if state.get("algorithm") != ctx.spec.name:
-            raise DataError(f"checkpoint {path.name} was written by {state.get('algorithm')!r}, not {ctx.spec.name}: "
-                            "use an empty checkpoint location for a different algorithm")
+    for step, path, state in checkpoints.readable_checkpoints(ctx.env.checkpoint_dir, ctx.spec.name):
         try:
             strategy.load(model, optimizer, state["model"], state["optimizer"])
         except (RuntimeError, ValueError, KeyError) as exc:
@@ -116,15 +105,7 @@ def fit(ctx: Context, task: Task, strategy: Replicated | None = None) -> dict[st
     started, first_step = time.monotonic(), step
     model.train()
     while step < last_step:
-        epoch = step // steps_per_epoch
-        sampler.set_epoch(epoch)
-        batches = list(BatchSampler(sampler, hps["batch_size"], drop_last=False))[step - epoch * steps_per_epoch:]
-        # Its own generator: without one, every DataLoader iterator draws its base seed
-        # from the global RNG, which a resumed run would then consume at a different point
-        # than an uninterrupted one, and dropout masks would diverge.
-        loader = DataLoader(task.train, sampler=batches, batch_size=None,
-                            generator=torch.Generator().manual_seed(hps["seed"] + epoch))
-        for batch in loader:
+        for batch in epoch_batches(ctx, task, sampler, step, steps_per_epoch):
             step += 1
             optimizer.zero_grad(set_to_none=True)
             loss = trained.step(tuple(batch[:-1]), batch[-1])  # forward, cross-entropy, backward

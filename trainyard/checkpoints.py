@@ -13,8 +13,12 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from trainyard.errors import DataError
 
 KEEP_NEWEST = 2
 _NAME = re.compile(r"^checkpoint-(\d+)\.pt$")
@@ -41,6 +45,23 @@ def list_checkpoints(directory: str | os.PathLike[str]) -> list[tuple[int, Path]
 def latest_checkpoint(directory: str | os.PathLike[str]) -> tuple[int, Path] | None:
     checkpoints = list_checkpoints(directory)
     return checkpoints[-1] if checkpoints else None
+
+
+def readable_checkpoints(directory: str | os.PathLike[str], algorithm: str) -> Iterator[tuple[int, Path, dict[str, Any]]]:
+    """(step, path, state) of each checkpoint that loads, newest first: an unreadable one
+    (a sync cut short) is skipped with a warning for the one before it; one written by
+    another algorithm is a DataError (the location is someone else's)."""
+    for step, path in reversed(list_checkpoints(directory)):
+        try:
+            state = load_checkpoint(path)
+        except Exception as exc:
+            sys.stderr.write(f"warning: checkpoint {path.name} is unreadable ({exc}); trying an older one\n")
+            sys.stderr.flush()
+            continue
+        if state.get("algorithm") != algorithm:
+            raise DataError(f"checkpoint {path.name} was written by {state.get('algorithm')!r}, not {algorithm}: "
+                            "use an empty checkpoint location for a different algorithm")
+        yield step, path, state
 
 
 def save_checkpoint(state: dict[str, Any], step: int, directory: str | os.PathLike[str], *,

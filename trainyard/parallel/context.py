@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import atexit
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -28,6 +28,7 @@ from trainyard.errors import DataError
 from trainyard.parallel.processes import seed_everything
 
 _current: Context | None = None
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,23 @@ class Context:
         tensor = torch.tensor(list(values), dtype=torch.float64, device=self.device)
         torch.distributed.all_reduce(tensor)
         return tensor.tolist()
+
+    def decided_on_main(self, decide: Callable[[], T]) -> T:
+        """decide() on rank 0 and its result on every rank; a DataError or ValueError it
+        raises (a bad partition, a checkpoint that does not fit) is raised on every rank
+        alike, so none waits for a result that never comes."""
+        box: list[Any] = [None]
+        if self.is_main:
+            try:
+                box[0] = ("ok", decide())
+            except (DataError, ValueError) as exc:
+                box[0] = ("error", str(exc))
+        if self.world_size > 1:
+            torch.distributed.broadcast_object_list(box, src=0)
+        status, value = box[0]
+        if status == "error":
+            raise DataError(value)
+        return value
 
     def mean(self, value: float | torch.Tensor) -> float:
         """A number averaged over every process (e.g. a validation loss each rank computed

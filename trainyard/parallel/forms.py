@@ -42,7 +42,6 @@ from trainyard.parallel.partition import (
     MB,
     CostModel,
     Partition,
-    PartitionError,
     auto_partition,
     balance,
     even_partition,
@@ -527,7 +526,7 @@ class Pipelined(Parallel):
                 chosen = manual_partition(self.partition_spec, layers=len(units))
             return chosen, costs, notes
 
-        chosen, costs, notes = _decided_on_main(self.ctx, decide)
+        chosen, costs, notes = self.ctx.decided_on_main(decide)
         self.notes.extend(notes)
         if self.checkpoint_activations:
             blocklist.checkpoint_activations(units)
@@ -680,17 +679,3 @@ def _gathered(ctx: Context, values: list[float]) -> list[list[float]]:
     gathered = [torch.zeros_like(mine) for _ in range(ctx.world_size)]
     torch.distributed.all_gather(gathered, mine)
     return [row.cpu().tolist() for row in gathered]
-
-
-def _decided_on_main(ctx: Context, decide: Callable[[], Any]) -> Any:
-    box: list[Any] = [None]
-    if ctx.is_main:
-        try:
-            box[0] = ("ok", decide())
-        except (DataError, PartitionError, ValueError) as exc:
-            box[0] = ("error", str(exc))
-    torch.distributed.broadcast_object_list(box, src=0)
-    status, value = box[0]
-    if status == "error":
-        raise DataError(value)
-    return value

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -36,7 +35,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-from torch.utils.data import BatchSampler, DataLoader
 
 from trainyard import checkpoints, protocol, report
 from trainyard.env import read_distribution
@@ -45,7 +43,6 @@ from trainyard.parallel.partition import (
     MB,
     CostModel,
     Partition,
-    PartitionError,
     StageRange,
     auto_partition,
     balance,
@@ -53,8 +50,7 @@ from trainyard.parallel.partition import (
     manual_partition,
     profile_layers,
 )
-from trainyard.parallel.processes import emit
-from trainyard.parallel.steps import EVAL_BATCH_SIZE, Run, Task, TensorBatches, plan_steps, restore_rng, rng_state
+from trainyard.parallel.steps import EVAL_BATCH_SIZE, Run, Task, TensorBatches, epoch_batches, plan_steps, restore_rng, rng_state
 
 SCHEDULES = ("gpipe", "1f1b")
 # Assumed speed of a cut between neighbouring stages (bytes per ms): the partitioner weighs
@@ -211,21 +207,6 @@ class StageRunner:
 
 
 # --- collectives --------------------------------------------------------------------------------
-def _decided_on_main(ctx: Run, decide: Callable[[], T]) -> T:
-    """decide() on rank 0, its result (or its DataError, so every rank fails alike) on all."""
-    box: list[Any] = [None]
-    if ctx.dist.is_main:
-        try:
-            box[0] = ("ok", decide())
-        except (DataError, PartitionError) as exc:
-            box[0] = ("error", str(exc))
-    torch.distributed.broadcast_object_list(box, src=0)
-    status, value = box[0]
-    if status == "error":
-        raise DataError(value)
-    return value
-
-
 def _from_last_stage(ctx: Run, values: list[float] | None, count: int) -> list[float]:
     """Figures only the last stage has (losses), sent to every rank."""
     tensor = torch.tensor(values if values is not None else [0.0] * count, dtype=torch.float64, device=ctx.dist.device)
@@ -325,15 +306,7 @@ def _report(settings: PipelineSettings, plan: Plan, names: list[str], measured: 
 # --- checkpoints --------------------------------------------------------------------------------
 def _read_checkpoint(ctx: Run, stages: int) -> tuple[int, list[StageRange], list[dict[str, Any]]] | None:
     """Rank 0: the newest readable checkpoint as (step, partition, each stage's piece)."""
-    for step, path in reversed(checkpoints.list_checkpoints(ctx.env.checkpoint_dir)):
-        try:
-            state = checkpoints.load_checkpoint(path)
-        except Exception as exc:
-            emit(f"warning: checkpoint {path.name} is unreadable ({exc}); trying an older one", sys.stderr)
-            continue
-        if state.get("algorithm") != ctx.spec.name:
-            raise DataError(f"checkpoint {path.name} was written by {state.get('algorithm')!r}, not {ctx.spec.name}: "
-                            "use an empty checkpoint location for a different algorithm")
+    for step, path, state in checkpoints.readable_checkpoints(ctx.env.checkpoint_dir, ctx.spec.name):
         saved = state.get("pipeline")
         if not saved:
             raise DataError(f"checkpoint {path.name} was written by a run without pipeline stages: use an empty "
@@ -404,8 +377,8 @@ def fit(ctx: Run, task: Task, layers: list[nn.Module],
         found[0] = _read_checkpoint(ctx, settings.stages)
         return (found[0][0], found[0][1]) if found[0] else None
 
-    resumed = _decided_on_main(ctx, read_checkpoint)
-    plan = _decided_on_main(ctx, lambda: _plan(ctx, settings, task, layers, names, resumed))
+    resumed = ctx.dist.decided_on_main(read_checkpoint)
+    plan = ctx.dist.decided_on_main(lambda: _plan(ctx, settings, task, layers, names, resumed))
     if dist.is_main:
         report.write("partition", _report(settings, plan, names, None, plan.notes))
     ranges = list(plan.partition.ranges)
@@ -442,12 +415,7 @@ def fit(ctx: Run, task: Task, layers: list[nn.Module],
     started, first_step = time.monotonic(), step
     module.train()
     while step < last_step:
-        epoch = step // steps_per_epoch
-        sampler.set_epoch(epoch)
-        batches = list(BatchSampler(sampler, hps["batch_size"], drop_last=False))[step - epoch * steps_per_epoch:]
-        loader = DataLoader(task.train, sampler=batches, batch_size=None,
-                            generator=torch.Generator().manual_seed(hps["seed"] + epoch))
-        for inputs, targets in loader:
+        for inputs, targets in epoch_batches(ctx, task, sampler, step, steps_per_epoch):
             step += 1
             optimizer.zero_grad(set_to_none=True)
             loss = runner.train_step(inputs, targets)

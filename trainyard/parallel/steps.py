@@ -15,7 +15,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DistributedSampler
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
 from trainyard.env import TrainingEnvironment
 from trainyard.parallel.context import Context
@@ -95,6 +95,21 @@ def plan_steps(ctx: Run, task: Task, step: int, *, replicas: int,
         last_step = min(last_step, hps["max_steps"])
     ctx.log(f"training {len(task.train)} records, {steps_per_epoch} steps per epoch, steps {step + 1}..{last_step}")
     return sampler, steps_per_epoch, last_step
+
+
+def epoch_batches(ctx: Run, task: Task, sampler: DistributedSampler[int], step: int,
+                  steps_per_epoch: int) -> DataLoader[Any]:
+    """The batches of the epoch `step` falls in, from the one after `step` on: a resumed run
+    sees exactly what an uninterrupted one would."""
+    hps = ctx.hps
+    epoch = step // steps_per_epoch
+    sampler.set_epoch(epoch)
+    batches = list(BatchSampler(sampler, hps["batch_size"], drop_last=False))[step - epoch * steps_per_epoch:]
+    # Its own generator: without one, every DataLoader iterator draws its base seed from the
+    # global RNG, which a resumed run would then consume at a different point than an
+    # uninterrupted one, and dropout masks would diverge.
+    return DataLoader(task.train, sampler=batches, batch_size=None,
+                      generator=torch.Generator().manual_seed(hps["seed"] + epoch))
 
 
 def rng_state() -> dict[str, Any]:
