@@ -27,7 +27,7 @@ test: venv
 lint: venv
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy studio datasets jobs hosting review trainyard algorithms tuning overview trainyard_site
+	$(VENV)/bin/mypy studio datasets jobs hosting review evaluations trainyard algorithms tuning overview trainyard_site
 
 bench: venv
 	$(PY) bench/datasets.py

@@ -37,24 +37,58 @@ class ClassifierPredictor:
     def algorithm(self) -> str:
         return self.config["algorithm"]
 
-    def predict(self, records: list[Any]) -> list[dict[str, Any]]:
-        """One {"label", "confidence", "probabilities"} per record, in order. ValueError
-        (with a message fit for a 400 response) when a record cannot be encoded."""
+    def logits(self, records: list[Any]) -> torch.Tensor:
+        """The model's raw scores, (records, labels) float32: what an evaluation fits a
+        temperature on. ValueError (with a message fit for a 400 response) when a record
+        cannot be encoded."""
         if not isinstance(records, list):
             raise ValueError(f"records must be a list, got {type(records).__name__}")
-        if not records:
-            return []
         if len(records) > MAX_RECORDS:
             raise ValueError(f"at most {MAX_RECORDS} records per call, got {len(records)}")
+        if not records:
+            return torch.empty((0, len(self.labels)))
         inputs = self.encode(records)
         with torch.no_grad():
-            probabilities = torch.softmax(self.model(inputs).float(), dim=-1).tolist()
+            return self.model(inputs).float()
+
+    def predict(self, records: list[Any], calibration: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """One {"label", "confidence", "probabilities"} per record, in order.
+
+        `calibration` is a model version's (hosting): {"method": "temperature",
+        "temperature": T} divides the logits by T before the softmax; {"method":
+        "isotonic", "x": [...], "y": [...]} maps the top probability through the fitted
+        steps and rescales the others to fill the rest. Neither changes the label."""
+        scores = self.logits(records)
+        if not records:
+            return []
+        method = (calibration or {}).get("method")
+        temperature = float((calibration or {}).get("temperature") or 1.0) if method == "temperature" else 1.0
+        # Uncalibrated: float32 as ever; calibrated: in float64, so a large T loses nothing.
+        probabilities = torch.softmax(scores if method is None else scores.double() / temperature, dim=-1)
+        winners = probabilities.argmax(dim=-1).tolist()  # the label never depends on calibration
+        if method == "isotonic":
+            probabilities = isotonic_top(probabilities, calibration or {})
         results = []
-        for row in probabilities:
-            best = max(range(len(row)), key=row.__getitem__)
+        for best, row in zip(winners, probabilities.tolist(), strict=True):
             results.append({"label": self.labels[best], "confidence": row[best],
                             "probabilities": dict(zip(self.labels, row, strict=True))})
         return results
+
+
+def isotonic_top(probabilities: torch.Tensor, mapping: dict[str, Any]) -> torch.Tensor:
+    """Top-label isotonic calibration: the winning class's probability becomes the fitted
+    step function's value (np.interp over mapping's x and y, clipped at the ends) and the
+    other classes share the rest in their old proportions. The caller keeps the label it
+    had before: a confidence mapped low may leave another class's share above it."""
+    import numpy as np
+
+    top, index = probabilities.max(dim=-1)
+    mapped = torch.from_numpy(np.interp(top.numpy(), mapping["x"], mapping["y"])).to(probabilities.dtype)
+    mapped = mapped.clamp(1e-12, 1.0)
+    rest = (1.0 - top).clamp_min(1e-12)
+    scaled = probabilities * ((1.0 - mapped) / rest).unsqueeze(-1)
+    scaled.scatter_(-1, index.unsqueeze(-1), mapped.unsqueeze(-1))
+    return scaled
 
 
 class CharLMPredictor:

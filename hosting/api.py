@@ -48,6 +48,7 @@ def version_json(version: ModelVersion) -> dict[str, Any]:
         "artifact_uri": version.artifact_uri, "algorithm": version.algorithm, "kind": version.kind,
         "labels": version.labels, "input_schema": version.input_schema, "metrics": version.metrics,
         "hyperparameters": version.hyperparameters, "dataset_versions": version.dataset_versions,
+        "calibration": version.calibration or None, "calibrated": bool((version.calibration or {}).get("method")),
         "created_by": version.created_by.username if version.created_by_id and version.created_by else None,
         "created_at": version.created_at.isoformat(),
         "download_url": f"/api/v1/models/{version.model_id}/versions/{version.version}/download",

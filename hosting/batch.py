@@ -29,6 +29,7 @@ from django.utils import timezone
 
 from datasets.storage import StorageError, object_uri, store_for
 from hosting.flows import send_predictions
+from hosting.invocation import calibration_fields
 from hosting.models import BatchPrediction, BatchStatus, ModelKind, ModelVersion
 from hosting.serving import InvalidInstances, parse_instances, predictor_for
 
@@ -167,12 +168,15 @@ def _predict_all(batch: BatchPrediction) -> int:
             instances = [instance for instance, _ in chunk]
             try:
                 parsed, contents = parse_instances(version, instances)
-                predictions = predictor.predict(parsed)
+                predictions = (predictor.predict(parsed, version.calibration) if version.calibration
+                               else predictor.predict(parsed))
             except InvalidInstances as exc:
                 raise BatchFailure(_explain(exc, start)) from None
             lines = []
+            calibrated = calibration_fields(version)
             for offset, ((_, shown), row, prediction) in enumerate(zip(chunk, parsed, predictions, strict=True)):
-                line = {"record": start + offset, **(shown if shown is not None else {"input": row}), **prediction}
+                line = {"record": start + offset, **(shown if shown is not None else {"input": row}), **prediction,
+                        **calibrated}
                 lines.append(json.dumps(line, ensure_ascii=False))
             out.write(("\n".join(lines) + "\n").encode("utf-8"))
             done += len(chunk)

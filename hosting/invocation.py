@@ -40,7 +40,7 @@ _last_flush = time.monotonic()
 _ENDPOINT_SQL = """
 SELECT e.id, e.name, e.project_id, e.flow_definition_id,
        v.id, v.model_id, v.version, v.artifact_uri, v.algorithm, v.kind, v.labels, v.input_schema, v.created_at,
-       f.name, f.project_id, f.activation, f.task_count, f.task_availability_seconds
+       f.name, f.project_id, f.activation, f.task_count, f.task_availability_seconds, v.calibration
 FROM hosting_endpoint e JOIN hosting_modelversion v ON v.id = e.model_version_id
 LEFT JOIN {flows} f ON f.id = e.flow_definition_id
 WHERE e.name = %s AND (%s OR EXISTS (
@@ -65,7 +65,8 @@ def endpoint_for_invocation(user: User | AnonymousUser, name: str) -> Endpoint |
         return None
     created_at = aware_datetime(row[12])  # SQLite may hand timestamps back as text
     version = ModelVersion(id=row[4], model_id=row[5], version=row[6], artifact_uri=row[7], algorithm=row[8],
-                           kind=row[9], labels=json_column(row[10]), input_schema=json_column(row[11]), created_at=created_at)
+                           kind=row[9], labels=json_column(row[10]), input_schema=json_column(row[11]), created_at=created_at,
+                           calibration=json_column(row[18]) or {})
     endpoint = Endpoint(id=row[0], name=row[1], project_id=row[2], model_version_id=version.pk,
                         flow_definition_id=row[3])
     endpoint.model_version = version
@@ -84,8 +85,9 @@ def invoke(endpoint: Endpoint, instances: Any) -> dict[str, Any]:
     version = endpoint.model_version  # read once with the endpoint row: this request's version
     records, contents = parse_instances(version, instances)
     predictor = predictor_for(version)
+    calibration = version.calibration if version.kind != ModelKind.GENERATIVE else {}
     try:
-        predictions = predictor.predict(records)
+        predictions = predictor.predict(records, calibration) if calibration else predictor.predict(records)
     except ValueError as exc:
         raise InvalidInstances(f"instances: {exc}") from None
     loops: list[str] = []
@@ -95,7 +97,19 @@ def invoke(endpoint: Endpoint, instances: Any) -> dict[str, Any]:
                                  model_version=version)
     count_invocation(endpoint.pk)
     return {"predictions": predictions, "human_loops": loops, "model_version": version.version,
-            "warnings": unknown_categories(version, records)}
+            "warnings": unknown_categories(version, records), **calibration_fields(version)}
+
+
+def calibration_fields(version: ModelVersion) -> dict[str, Any]:
+    """What a response says of its confidences: calibrated or the model's own softmax, and
+    how (the temperature, the evaluation it came from)."""
+    calibration = version.calibration or {}
+    if version.kind == ModelKind.GENERATIVE:
+        return {}
+    if not calibration.get("method"):
+        return {"calibrated": False, "calibration": None}
+    return {"calibrated": True, "temperature": calibration.get("temperature"),
+            "calibration": {key: calibration.get(key) for key in ("method", "temperature", "evaluation", "set_at")}}
 
 
 MAX_WARNINGS = 20

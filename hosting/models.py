@@ -64,6 +64,10 @@ class ModelVersion(models.Model):
     metrics = models.JSONField(default=dict, blank=True)  # the job's final metrics
     hyperparameters = models.JSONField(default=dict, blank=True)
     dataset_versions = models.JSONField(default=dict, blank=True)  # channel → dataset version id
+    # How served confidences are calibrated, set from an evaluation (evaluations.actions):
+    # {} (the model's own softmax), {"method": "temperature", "temperature": T, "evaluation": id,
+    # "set_at": iso} or {"method": "isotonic", "x": [...], "y": [...], "evaluation": id, "set_at": iso}.
+    calibration = models.JSONField(default=dict, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(default=timezone.now)
 

@@ -364,7 +364,10 @@ def _export_merged(flow: FlowDefinition, user: User, loops: list[HumanLoop], sou
 def _register(flow: FlowDefinition, user: User, name: str, files: dict[str, Path], options: VersionOptions,
               provenance: dict, description: str) -> DatasetVersion:
     """Copy the files into the store and register the version with its provenance, in
-    one transaction (the version is enqueued for validation when it commits)."""
+    one transaction (the version is enqueued for validation when it commits). The
+    provenance also records the flow's routing: its activation and, when an evaluation
+    set the threshold, which evaluation, temperature, target and threshold (docs/SPEC.md §9)."""
+    provenance = {**provenance, "activation": flow.activation or {}, "calibration": flow.calibration or None}
     try:
         with transaction.atomic():
             version, created = register_local_files(

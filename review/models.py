@@ -107,6 +107,10 @@ class FlowDefinition(models.Model):
     task_availability_seconds = models.PositiveIntegerField(default=7 * 24 * 3600)
     task_time_limit_seconds = models.PositiveIntegerField(default=300)
     activation = models.JSONField(default=dict, blank=True)
+    # Where activation.confidence_below came from when an evaluation set it (docs/SPEC.md §9):
+    # {"evaluation", "model_version", "temperature", "calibrated", "target_error", "delta", "choice",
+    # "threshold", "expected": {coverage, risk, risk_upper, workload}, "set_at", "set_by"}; {} when set by hand.
+    calibration = models.JSONField(default=dict, blank=True)
     order = models.CharField(max_length=16, choices=LoopOrder.choices, default=LoopOrder.OLDEST)
     show_prediction = models.BooleanField(default=True, help_text="Show reviewers the model's label and confidence.")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")

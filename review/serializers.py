@@ -147,6 +147,7 @@ def flow_json(flow: FlowDefinition) -> dict:
         "instructions": flow.instructions, "instructions_html": flow.instructions_html,
         "task_count": flow.task_count, "task_availability_seconds": flow.task_availability_seconds,
         "task_time_limit_seconds": flow.task_time_limit_seconds, "activation": flow.activation,
+        "calibration": flow.calibration or None,
         "order": flow.order, "show_prediction": flow.show_prediction,
         "created_by": flow.created_by.username if flow.created_by_id and flow.created_by else None,
         "created_at": iso(flow.created_at),

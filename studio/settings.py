@@ -53,6 +53,7 @@ INSTALLED_APPS = [
     "tuning",
     "hosting",
     "review",
+    "evaluations",
     "overview",
     "trainyard_site",
 ]
@@ -144,6 +145,8 @@ CELERY_BEAT_SCHEDULE = {
     "expire-review-work": {"task": "review.tasks.expire_review_work_task", "schedule": 2.0},
     # Batch predictions whose worker died mid-run are handed to another (hosting.tasks).
     "requeue-stalled-batch-predictions": {"task": "hosting.tasks.requeue_stalled_batch_predictions_task", "schedule": 30.0},
+    # Evaluations whose worker died mid-run, or whose message was lost (evaluations.tasks).
+    "requeue-stalled-evaluations": {"task": "evaluations.tasks.requeue_stalled_evaluations_task", "schedule": 30.0},
     # Store objects of deleted rows whose background removal was interrupted (studio.deletion).
     "sweep-pending-deletions": {"task": "studio.tasks.sweep_pending_deletions_task", "schedule": 60.0},
 }

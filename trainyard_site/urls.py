@@ -15,6 +15,7 @@ api_v1 = [
     path("", include("tuning.api_urls")),
     path("", include("hosting.api_urls")),
     path("", include("review.api_urls")),
+    path("", include("evaluations.api_urls")),
 ]
 
 urlpatterns = [
@@ -30,4 +31,5 @@ urlpatterns = [
     path("tuning/", include("tuning.urls")),
     path("models/", include("hosting.urls")),
     path("review/", include("review.urls")),
+    path("evaluations/", include("evaluations.urls")),
 ]

@@ -53,3 +53,19 @@ def create_flow_definition(*, project, user: User, data: dict[str, Any]) -> Flow
     except IntegrityError as exc:
         raise ReviewError("name", f"A flow definition named '{data['name']}' already exists in this project.",
                           status=409) from exc
+
+
+def set_flow_threshold(flow: FlowDefinition, *, threshold: float, record: dict[str, Any]) -> FlowDefinition:
+    """Route the flow's predictions at `threshold` (activation.confidence_below) and record
+    where it came from (`record`: the evaluation, temperature, target, choice, expected
+    figures; FlowDefinition.calibration). One UPDATE: the endpoints and batches that read
+    the flow next use it; loops already started are unchanged. The sample and combine
+    settings stay as they were (the audit sample is what measures the threshold later)."""
+    if not 0 <= threshold <= 1:
+        raise ReviewError("threshold", f"Must be from 0 to 1, got {threshold}.")
+    activation = {"confidence_below": None, "sample_percent": 0.0, "combine": "any", **(flow.activation or {})}
+    activation["confidence_below"] = float(threshold)
+    with transaction.atomic():
+        FlowDefinition.objects.filter(pk=flow.pk).update(activation=activation, calibration=record)
+    flow.activation, flow.calibration = activation, record
+    return flow
