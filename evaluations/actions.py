@@ -180,10 +180,17 @@ def _few(values: Any) -> str:
 
 
 def min_calibration_items(options: dict[str, Any]) -> int:
+    """The fewest calibration items whose zero-error bound meets the target, with the
+    search's own union correction (⌈log2 n⌉ candidates, which grows with n)."""
     from trainyard.evaluation import min_items_for_bound
 
-    searched = 1  # the search's own correction grows with n; the zero-error bound at δ is the floor
-    return int(min_items_for_bound(options["target_error"], options["delta"], searched))
+    needed = min_items_for_bound(options["target_error"], options["delta"], 1)
+    while True:
+        searched = max(1, math.ceil(math.log2(needed))) if needed > 1 else 1
+        more = min_items_for_bound(options["target_error"], options["delta"], searched)
+        if more <= needed:
+            return int(needed)
+        needed = more
 
 
 # --- submitting --------------------------------------------------------------------------------
@@ -353,7 +360,7 @@ def activate_flow(flow: FlowDefinition, raw: dict[str, Any], user=None) -> dict[
     proposal = propose(evaluation, {**{k: v for k, v in raw.items() if k in OPTION_KEYS}, "flow_definition": flow.pk})
     row = proposal.get(choice)
     if not row:
-        reason = proposal.get(f"{choice}_reason") or (row or {}).get("reason") or "no threshold qualifies"
+        reason = proposal.get("reason" if choice == "risk" else "cost_reason") or "no threshold qualifies"
         raise EvaluationError("choice", f"The proposal has no {choice} threshold: {reason}")
     warnings = []
     temperature = proposal.get("temperature")
