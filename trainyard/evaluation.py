@@ -475,7 +475,8 @@ def _expected_cost(coverage: Any, covered_error_share: Any, sample_rate: float, 
 
 def _sgr_search(coverage: _Coverage, target_error: float, delta_per_candidate: float,
                 steps: int) -> tuple[list[tuple[float, int, int, float]], tuple[float, int, int, float] | None]:
-    """Geifman & El-Yaniv's binary search over the sorted confidences; returns every searched
+    """Geifman & El-Yaniv's binary search over the sorted confidences (their Algorithm 1: the midpoint
+    rounds up, so the lowest confidence is never itself a candidate); returns every searched
     (threshold, covered, errors, bound) and the one of largest coverage whose bound meets the target."""
     low, high = 0, coverage.n - 1
     searched: list[tuple[float, int, int, float]] = []
@@ -560,12 +561,10 @@ def propose_threshold(confidences: np.ndarray, correct: np.ndarray, *, target_er
     if best is not None and all(candidate["threshold"] != best[0] for candidate in curve):
         curve.append(result["risk"])
     curve.sort(key=lambda candidate: candidate["threshold"])
-    while len(curve) > max_candidates:  # only when max_candidates is tiny: drop unchosen inner rows
-        keep = {result["risk"]["threshold"] if best is not None else None,
-                result["cost"]["threshold"] if result["cost"] is not None else None}
-        inner = [i for i, candidate in enumerate(curve[1:-1], start=1) if candidate["threshold"] not in keep]
-        if not inner:
-            break
+    chosen = {row["threshold"] for row in (result["risk"], result["cost"]) if row is not None}
+    while len(curve) > max(max_candidates, len(chosen)):  # only when max_candidates is tiny: drop unchosen rows, inner first
+        droppable = [i for i, candidate in enumerate(curve) if candidate["threshold"] not in chosen]
+        inner = [i for i in droppable if 0 < i < len(curve) - 1] or droppable
         del curve[inner[len(inner) // 2]]
     result["candidates"] = curve
 

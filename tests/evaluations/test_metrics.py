@@ -241,6 +241,15 @@ def test_sgr_reports_its_search_and_candidates() -> None:
     assert proposal["compared"]["current"]["coverage"] == pytest.approx(float((confidences >= 0.6).mean()))
 
 
+def test_a_short_curve_still_holds_both_chosen_rows() -> None:
+    confidences, correct = _selective_scores(2, 2000)
+    proposal = evaluation.propose_threshold(confidences, correct, target_error=0.05, review_cost=1.0, error_cost=5.0,
+                                            max_candidates=3)
+    thresholds = [row["threshold"] for row in proposal["candidates"]]
+    assert len(thresholds) == 3
+    assert proposal["risk"]["threshold"] in thresholds and proposal["cost"]["threshold"] in thresholds
+
+
 def test_cost_threshold_is_the_brute_force_minimum() -> None:
     confidences, correct = _selective_scores(4, 300)
     confidences = np.round(confidences, 2)  # ties, so distinct thresholds matter
