@@ -523,11 +523,13 @@ def propose_threshold(confidences: np.ndarray, correct: np.ndarray, *, target_er
     def row(threshold: float, covered: int, errors: int) -> dict[str, Any]:
         return _row(threshold, covered, errors, n, sample_rate, delta_per_candidate, task_count, review_cost, error_cost)
 
-    _, best = _sgr_search(coverage, target_error, delta_per_candidate, steps)
+    searched, best = _sgr_search(coverage, target_error, delta_per_candidate, steps)
     result: dict[str, Any] = {
         "target_error": float(target_error), "delta": float(delta), "searched": steps,
         "delta_per_candidate": float(delta_per_candidate), "n": n, "sample_rate": float(sample_rate),
         "task_count": int(task_count), "review_cost": _number(review_cost), "error_cost": _number(error_cost),
+        # The thresholds SGR tried, in search order: the page can show why it stopped where it did.
+        "search": [row(threshold, covered, errors) for threshold, covered, errors, _ in searched],
     }
     if best is None:
         result["risk"] = None

@@ -233,12 +233,24 @@ def test_sgr_reports_its_search_and_candidates() -> None:
     assert risk["risk_upper"] <= 0.05 and risk["risk_upper"] == evaluation.clopper_pearson_upper(
         risk["errors"], risk["covered"], 0.05 / 11)
     assert risk["workload"] == pytest.approx(1 - risk["coverage"] + 0.1 * risk["coverage"])
+    assert len(proposal["search"]) == 11 and risk in proposal["search"]
     thresholds = [row["threshold"] for row in proposal["candidates"]]
     assert len(thresholds) <= 50 and thresholds == sorted(thresholds)
     assert risk["threshold"] in thresholds and proposal["cost"]["threshold"] in thresholds
     assert proposal["candidates"][0]["coverage"] == 1.0 and proposal["candidates"][-1]["coverage"] == 0.0
     assert list(proposal["compared"]) == ["current"]
     assert proposal["compared"]["current"]["coverage"] == pytest.approx(float((confidences >= 0.6).mean()))
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_sgr_keeps_the_searched_threshold_of_largest_coverage_meeting_the_bound(seed: int) -> None:
+    # With these seeds the last threshold searched fails the bound, so returning it (the paper's literal
+    # output) would break the target.
+    confidences, correct = _selective_scores(seed, 2000)
+    proposal = evaluation.propose_threshold(confidences, correct, target_error=0.05)
+    passing = [row for row in proposal["search"] if row["risk_upper"] <= 0.05]
+    assert proposal["search"][-1]["risk_upper"] > 0.05
+    assert proposal["risk"] == max(passing, key=lambda row: row["coverage"])
 
 
 def test_a_short_curve_still_holds_both_chosen_rows() -> None:
