@@ -114,6 +114,15 @@ def read_images(folder: Path, channel: str, size: int, channels: int) -> tuple[n
     return np.stack(arrays), labels
 
 
+def _is_file(text: str) -> bool:
+    """Whether text names a file; a base64 image longer than a file name can be is not one
+    (Path.is_file raises "File name too long" for it rather than answering False)."""
+    try:
+        return Path(text).is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def decode_record(record: Any) -> Image.Image:
     """One prediction input: a PIL image, raw bytes, a file path, base64 (or a data: URI),
     or an object with "image", "image_base64" or "path"."""
@@ -131,7 +140,7 @@ def decode_record(record: Any) -> Image.Image:
     if isinstance(record, str):
         if record.startswith("data:"):
             record = record.split(",", 1)[-1]
-        elif len(record) < 4096 and Path(record).is_file():
+        elif len(record) < 4096 and _is_file(record):
             return Image.open(record)
         try:
             return Image.open(io.BytesIO(base64.b64decode(record, validate=True)))

@@ -57,21 +57,38 @@ class DemoDataset:
     write: Callable[[Path], dict[str, Path]]
 
 
-def tabular_arrays(rows: int, rng: np.random.Generator, centers: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def tabular_centers() -> tuple[np.random.Generator, np.ndarray]:
+    """The demo's generator after drawing the class centres, and the centres: fresh records
+    from the same clusters (a held-out set, an endpoint's traffic) start from these."""
+    rng = np.random.default_rng(SEED)
+    return rng, rng.normal(0.0, 1.0, size=(len(TABULAR_CLASSES), TABULAR_FEATURES)) * 0.75
+
+
+def tabular_records(rows: int, seed: int, label_noise: float = TABULAR_LABEL_NOISE) -> list[dict[str, str]]:
+    """`rows` fresh demo rows (as the CSV holds them, label included) from the demo's clusters,
+    drawn with their own seed; label_noise=0 gives the true class of every row (a gold set)."""
+    _, centers = tabular_centers()
+    features, region, labels = tabular_arrays(rows, np.random.default_rng(seed), centers, label_noise)
+    header = [f"feature_{i:02d}" for i in range(1, TABULAR_FEATURES + 1)]
+    return [{**dict(zip(header, (f"{value:.4f}" for value in row), strict=True)), "region": TABULAR_REGIONS[reg],
+             "label": TABULAR_CLASSES[lab]} for row, reg, lab in zip(features, region, labels, strict=True)]
+
+
+def tabular_arrays(rows: int, rng: np.random.Generator, centers: np.ndarray,
+                   label_noise: float = TABULAR_LABEL_NOISE) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Gaussian clusters around one centre per class: features, region index, label index."""
     labels = rng.integers(0, len(TABULAR_CLASSES), size=rows)
     features = centers[labels] + rng.normal(0.0, 1.0, size=(rows, TABULAR_FEATURES))
     # The region leans towards one class per region, so the categorical column carries
     # some signal (a trainer that one-hot encodes it does slightly better).
     region = np.where(rng.random(rows) < 0.5, labels % len(TABULAR_REGIONS), rng.integers(0, len(TABULAR_REGIONS), size=rows))
-    flip = rng.random(rows) < TABULAR_LABEL_NOISE
+    flip = rng.random(rows) < label_noise
     labels = np.where(flip, rng.integers(0, len(TABULAR_CLASSES), size=rows), labels)
     return features, region, labels
 
 
 def write_tabular(root: Path) -> dict[str, Path]:
-    rng = np.random.default_rng(SEED)
-    centers = rng.normal(0.0, 1.0, size=(len(TABULAR_CLASSES), TABULAR_FEATURES)) * 0.75
+    rng, centers = tabular_centers()
     header = [f"feature_{i:02d}" for i in range(1, TABULAR_FEATURES + 1)] + ["region", "label"]
     files: dict[str, Path] = {}
     for filename, rows in (("train.csv", TABULAR_TRAIN_ROWS), ("validation.csv", TABULAR_VALIDATION_ROWS)):

@@ -8,4 +8,4 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "studio.settings")
 
 app = Celery("studio")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["studio", "datasets", "jobs", "tuning", "hosting", "review"])
+app.autodiscover_tasks(["studio", "datasets", "jobs", "tuning", "hosting", "review", "evaluations"])

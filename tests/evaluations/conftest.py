@@ -20,7 +20,7 @@ from tests.hosting.conftest import (  # noqa: F401 - fixtures
 
 
 @pytest.fixture
-def model_version(project, owner, demo_job):
+def model_version(project, owner, demo_job):  # noqa: F811 - the imported fixture
     return register_model(project=project, name="biomes", job=demo_job, user=owner)
 
 
@@ -34,7 +34,7 @@ def evaluate(project, owner, model_version, dataset_version, **body) -> Evaluati
 
 
 @pytest.fixture
-def completed_evaluation(project, owner, model_version, demo_version) -> Evaluation:
+def completed_evaluation(project, owner, model_version, demo_version) -> Evaluation:  # noqa: F811
     evaluation = evaluate(project, owner, model_version, demo_version, target_error=0.1)
     assert evaluation.status == "Completed", evaluation.failure_reason
     return evaluation
