@@ -30,6 +30,8 @@ from django.test import Client
 from django.utils import timezone
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
+from evaluations.actions import submit_evaluation
+from evaluations.run import run_evaluation
 from hosting import actions as hosting_actions
 from hosting.models import BatchPrediction, BatchStatus
 from jobs.models import JobEvent, MetricPoint, Node
@@ -94,11 +96,15 @@ def seeded(project, owner, demo_job, demo_version) -> Seeded:  # noqa: F811 - fi
     batch = BatchPrediction.objects.create(project=project, model_version=version, dataset_version=demo_version,
                                            status=BatchStatus.COMPLETED, created_by=owner)
     node = Node.objects.create(name="node-a", hostname="h", queue="node.node-a")
+    evaluation = submit_evaluation(project=project, user=owner, body={
+        "model_version": version.pk, "dataset_version": demo_version.pk, "target_error": 0.1, "flow_definition": flow.pk})
+    assert run_evaluation(evaluation.pk) == "Completed"
     return Seeded(
         token=raw_token, slug=project.slug,
         ids={"jobs": demo_job.pk, "datasets": demo_version.dataset_id, "dataset-versions": demo_version.pk,
              "models": version.model_id, "tuning-jobs": tuning.pk, "flow-definitions": flow.pk, "work-teams": team.pk,
-             "batch-predictions": batch.pk, "tokens": token.pk, "review": assignment.pk},
+             "batch-predictions": batch.pk, "tokens": token.pk, "review": assignment.pk, "evaluations": evaluation.pk,
+             "model-versions": version.pk},
         names={"endpoints": endpoint.name, "human-loops": loop.name, "nodes": node.name},
         extra={"slug": project.slug, "number": version.version, "path": demo_version.files[0]["path"]},
     )
