@@ -123,7 +123,8 @@ def check_proposal_options(project: Project, raw: dict[str, Any], base: dict[str
 def flow_routing(options: dict[str, Any]) -> dict[str, Any]:
     """The proposal's view of its flow: the current threshold, task_count k and audit sample
     rate s (the flow's, unless the options give them), the flow's name."""
-    flow = FlowDefinition.objects.filter(pk=options.get("flow_definition")).first() if options.get("flow_definition") else None
+    flow_id = options.get("flow_definition")
+    flow = FlowDefinition.objects.filter(pk=int(flow_id)).first() if flow_id else None
     activation = (flow.activation or {}) if flow else {}
     combine_any = activation.get("combine", "any") == "any"
     sample = float(activation.get("sample_percent") or 0) / 100 if combine_any else 0.0

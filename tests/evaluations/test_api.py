@@ -222,3 +222,19 @@ def test_deleting_an_evaluation_removes_its_scores(owner, client_for, completed_
     response = client_for(owner).delete(f"/api/v1/evaluations/{completed_evaluation.pk}/")
     assert response.status_code == 204
     assert not Evaluation.objects.filter(pk=completed_evaluation.pk).exists()
+
+
+def test_data_an_evaluation_read_is_kept_and_a_model_versions_delete_takes_its_evaluations(
+        owner, client_for, project, completed_evaluation, model_version, demo_version):
+    from datasets.storage import store_for
+    from studio.deletion import PendingDeletion
+
+    client = client_for(owner)
+    blocked = client.delete(f"/api/v1/dataset-versions/{demo_version.pk}/")
+    assert blocked.status_code == 409
+    assert f"evaluation '{completed_evaluation.pk}" in blocked.json()["error"]["message"]
+    uri = completed_evaluation.artifacts["scores"]
+    gone = client.delete(f"/api/v1/models/{model_version.model_id}/versions/{model_version.version}/")
+    assert gone.status_code == 204, gone.json()
+    assert not Evaluation.objects.exists()
+    assert any(uri in pending.uris for pending in PendingDeletion.objects.all()) or not store_for(uri).exists(uri)
