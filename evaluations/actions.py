@@ -382,6 +382,11 @@ def activate_flow(flow: FlowDefinition, raw: dict[str, Any], user=None) -> dict[
               "expected": {key: row.get(key) for key in ("coverage", "risk", "risk_upper", "workload", "cost")},
               "measured": (proposal.get("measured") or {}).get(choice),
               "set_at": timezone.now().isoformat(), "set_by": getattr(user, "username", None)}
-    set_flow_threshold(flow, threshold=row["threshold"], record=record)
+    if (flow.activation or {}).get("combine", "any") != "any":
+        warnings.append("the flow combined its conditions with \"all\" (only sampled items below the threshold went to "
+                        "people); the threshold's guarantee needs every item below it reviewed, so it now uses \"any\"")
+    # Under "all", items below the threshold but not sampled would be auto-accepted: the bound
+    # holds only when everything below the threshold goes to people.
+    set_flow_threshold(flow, threshold=row["threshold"], record=record, combine="any")
     return {"flow_definition": flow.pk, "threshold": row["threshold"], "choice": choice, "calibration": record,
             "activation": flow.activation, "warnings": warnings}

@@ -55,16 +55,19 @@ def create_flow_definition(*, project, user: User, data: dict[str, Any]) -> Flow
                           status=409) from exc
 
 
-def set_flow_threshold(flow: FlowDefinition, *, threshold: float, record: dict[str, Any]) -> FlowDefinition:
+def set_flow_threshold(flow: FlowDefinition, *, threshold: float, record: dict[str, Any],
+                       combine: str | None = None) -> FlowDefinition:
     """Route the flow's predictions at `threshold` (activation.confidence_below) and record
     where it came from (`record`: the evaluation, temperature, target, choice, expected
     figures; FlowDefinition.calibration). One UPDATE: the endpoints and batches that read
-    the flow next use it; loops already started are unchanged. The sample and combine
-    settings stay as they were (the audit sample is what measures the threshold later)."""
+    the flow next use it; loops already started are unchanged. The audit sample stays as it
+    was (it is what measures the threshold later); `combine` is changed only when given."""
     if not 0 <= threshold <= 1:
         raise ReviewError("threshold", f"Must be from 0 to 1, got {threshold}.")
     activation = {"confidence_below": None, "sample_percent": 0.0, "combine": "any", **(flow.activation or {})}
     activation["confidence_below"] = float(threshold)
+    if combine is not None:
+        activation["combine"] = combine
     with transaction.atomic():
         FlowDefinition.objects.filter(pk=flow.pk).update(activation=activation, calibration=record)
     flow.activation, flow.calibration = activation, record
