@@ -121,8 +121,14 @@ def _name_inputs(model: Model, versions: list[ModelVersion]) -> None:
 
 
 def _model_context(request: HttpRequest, model: Model) -> dict[str, Any]:
-    versions = list(model.versions.select_related("job", "created_by").order_by("-version"))
+    # "evaluations" is the related name of evaluations.Evaluation's model_version (the app
+    # above this one, which hosting does not import): the model page lists them.
+    versions = list(model.versions.select_related("job", "created_by").order_by("-version")
+                    .prefetch_related("evaluations__dataset_version__dataset"))
     _name_inputs(model, versions)
+    evaluations = sorted((evaluation for version in versions for evaluation in version.evaluations.all()),
+                         key=lambda evaluation: (evaluation.created_at, evaluation.pk), reverse=True)
+    completed = [evaluation for evaluation in evaluations if evaluation.status == "Completed"]
     endpoints = list(Endpoint.objects.filter(model_version__model=model).select_related("model_version", "flow_definition"))
     can_write = can_write_in(request, model.project_id)
     formats = actions.BATCH_FORMATS.get(versions[0].kind, ()) if versions else ()
@@ -133,6 +139,8 @@ def _model_context(request: HttpRequest, model: Model) -> dict[str, Any]:
         "flows": list(flows_of_project(model.project_id)) if can_write else [],
         "batches": list(BatchPrediction.objects.filter(model_version__model=model)
                         .select_related("model_version", "dataset_version__dataset")[:BATCH_ROWS]),
+        "evaluations": evaluations,
+        "compare_pair": (completed[1], completed[0]) if len(completed) >= 2 else None,
     }
 
 

@@ -184,6 +184,60 @@ def model_vs_human(flow: FlowDefinition) -> dict[str, Any]:
     }
 
 
+DEFAULT_AUDIT_DELTA = 0.05
+
+
+def closing_the_loop(flow: FlowDefinition) -> dict[str, Any]:
+    """How the model did against the people on the flow's Completed loops with a consensus
+    label and a model label, split by why each loop started:
+
+    - "reviewed": sent because its confidence was below the threshold (activation_reason
+      "confidence_below"): the model's accuracy where it was unsure;
+    - "audit": the random sample of predictions the threshold would have auto-accepted
+      ("sampled"): the only unbiased estimate of the auto-accepted error, with its one-sided
+      Clopper–Pearson upper bound at δ = flow.calibration["delta"] (0.05 by default).
+
+    `warning` is set when that bound passes the target error the flow's threshold was set
+    for (flow.calibration["target_error"])."""
+    from trainyard.evaluation import clopper_pearson_upper
+
+    calibration = flow.calibration or {}
+    delta = float(calibration.get("delta") or DEFAULT_AUDIT_DELTA)
+    counts = {reason: {"compared": 0, "matches": 0} for reason in ("confidence_below", "sampled")}
+    if flow.task_type == TaskType.CLASSIFICATION:
+        compared = (flow.human_loops.filter(status=LoopStatus.COMPLETED, activation_reason__in=list(counts))
+                    .exclude(consolidated_label__in=["", NO_CONSENSUS]).filter(prediction__label__isnull=False)
+                    .annotate(model_label=KT("prediction__label")))
+        for reason, model, human, n in (compared.values("activation_reason", "model_label", "consolidated_label")
+                                        .annotate(n=Count("id"))
+                                        .values_list("activation_reason", "model_label", "consolidated_label", "n")):
+            if model in (None, ""):
+                continue
+            counts[reason]["compared"] += n
+            counts[reason]["matches"] += n if str(model) == human else 0
+
+    def part(reason: str) -> dict[str, Any]:
+        compared, matches = counts[reason]["compared"], counts[reason]["matches"]
+        return {"compared": compared, "matches": matches, "errors": compared - matches,
+                "accuracy": round(matches / compared, 4) if compared else None}
+
+    audit = part("sampled")
+    audit["error_rate"] = round(audit["errors"] / audit["compared"], 4) if audit["compared"] else None
+    audit["upper"] = clopper_pearson_upper(audit["errors"], audit["compared"], delta) if audit["compared"] else None
+    audit["delta"] = delta
+    target = calibration.get("target_error")
+    warning = None
+    if target is not None and audit["upper"] is not None and audit["upper"] > float(target):
+        warning = (f"The audit sample's upper bound on the auto-accepted error, {audit['upper']:.1%} (δ = {delta:g}, "
+                   f"{audit['errors']} wrong of {audit['compared']}), is above the target {float(target):.1%} the "
+                   "threshold was set for: "
+                   + ("the sample is still too small to show the target holds; let the audit sample grow."
+                      if audit["error_rate"] is not None and audit["error_rate"] <= float(target)
+                      else "re-evaluate the model or raise the threshold so more items go to people."))
+    return {"reviewed": part("confidence_below"), "audit": audit, "calibration": calibration or None,
+            "target_error": target, "warning": warning}
+
+
 def flow_stats(flow: FlowDefinition, now: datetime | None = None) -> dict[str, Any]:
     """Everything the flow page's stats panel and GET /api/v1/flow-definitions/<id>/stats/ show."""
     return {

@@ -41,7 +41,7 @@ from review.models import (
     WorkTeam,
 )
 from review.serializers import FlowDefinitionCreateSerializer, claim_json
-from review.stats import flow_stats
+from review.stats import closing_the_loop, flow_stats
 from studio.access import check_role, signed_in
 from studio.forms import run_or_message
 from studio.models import Membership
@@ -275,6 +275,7 @@ def flow_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "export_base": export_source.base if export_source else None,
         "highlight": int(highlight) if highlight.isdigit() else None,
         "chart_data_url": reverse("review-flow-data", args=[flow.pk]),
+        "loop_closing": closing_the_loop(flow) if flow.task_type == TaskType.CLASSIFICATION else None,
     })
 
 
