@@ -8,6 +8,7 @@ from evaluations import views
 
 urlpatterns = [
     path("new/", views.evaluation_new, name="evaluation-new"),
+    path("new/register/<int:job_pk>/", views.evaluation_register_job, name="evaluation-register-job"),
     path("compare/", views.evaluation_compare, name="evaluation-compare"),
     path("<int:pk>/", views.evaluation_detail, name="evaluation-detail"),
     path("<int:pk>/status/", views.evaluation_status, name="evaluation-status"),

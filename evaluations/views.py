@@ -298,6 +298,24 @@ def evaluation_new(request: HttpRequest) -> HttpResponse:
     return render(request, "evaluations/new.html", _new_context(request, version, extra, form), status=400)
 
 
+@page
+@require_http_methods(["POST"])
+def evaluation_register_job(request: HttpRequest, job_pk: int) -> HttpResponse:
+    """"Register and evaluate" on the new-evaluation page of a job without a model version:
+    hosting's register action, then the form for the version it made."""
+    from hosting.actions import HostingError, register_model
+
+    job = get_job_for_user(request.user, job_pk, write=True)
+    name = (request.POST.get("name") or "").strip()
+    try:
+        version = register_model(project=job.project, name=name, job=job, user=signed_in(request.user))
+    except HostingError as exc:
+        messages.error(request, f"{exc.field}: {exc.message}")
+        return redirect(f"{reverse('evaluation-new')}?job={job.pk}")
+    messages.success(request, f"Registered {version.model.name} version {version.version} from job {job.name}.")
+    return redirect(f"{reverse('evaluation-new')}?model_version={version.pk}")
+
+
 # --- two side by side ------------------------------------------------------------------------
 def _compare_rows(comparison: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []

@@ -274,3 +274,17 @@ def test_closing_the_loop_splits_reviewed_from_audited_and_bounds_the_audit(clie
     assert 'id="audit-warning"' in panel and 'href="/evaluations/41/"' in panel
     assert re.search(r'id="closing-reviewed">.*?>5</td>.*?>3</td>.*?0\.600', panel, re.S)
     assert f"{clopper_pearson_upper(1, 10, 0.1):.4f}" in panel
+
+
+def test_register_and_evaluate_from_a_job_without_a_version(client, owner, project, demo_job):
+    from hosting.models import ModelVersion
+
+    client = page_for(client, owner)
+    html = client.get(f"/evaluations/new/?job={demo_job.pk}").content.decode()
+    assert 'id="register-and-evaluate"' in html
+    response = client.post(f"/evaluations/new/register/{demo_job.pk}/", {"name": "biomes"})
+    version = ModelVersion.objects.get(job=demo_job)
+    assert response.status_code == 302 and response["Location"].endswith(f"?model_version={version.pk}")
+    assert 'id="evaluation-form"' in client.get(response["Location"]).content.decode()
+    refused = client.post(f"/evaluations/new/register/{demo_job.pk}/", {"name": " "}, follow=True).content.decode()
+    assert "name:" in refused and ModelVersion.objects.filter(job=demo_job).count() == 1
