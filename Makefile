@@ -35,6 +35,7 @@ bench: venv
 	$(PY) bench/metrics.py
 	$(PY) bench/training.py
 	$(PY) bench/hosting.py
+	$(PY) bench/evaluation.py
 	$(PY) bench/parallel.py
 	$(PY) bench/review.py  # PostgreSQL only: says how to point it at one otherwise
 

@@ -217,8 +217,9 @@ def bootstrap_replicates(probabilities: np.ndarray, targets: np.ndarray, *, bins
     data itself, which equals the point figures).
 
     1. Per-item quantities go into one (n × columns) matrix once.
-    2. Per chunk of replicates, resample indices are drawn, their offsets made replicate-major, and one
-       np.bincount turns them into a (replicates × n) count matrix.
+    2. Per chunk of replicates, resample indices are drawn and one np.bincount per replicate fills a
+       (replicates × n) count matrix reused across chunks (one bincount of offset indices cost twice as
+       much: the offsets, an int64 matrix and its float copy, on every chunk).
     3. counts @ columns gives every replicate's sums; figures follow from the sums."""
     probabilities = np.asarray(probabilities, dtype=np.float64)
     targets = np.asarray(targets, dtype=np.int64)
@@ -229,11 +230,13 @@ def bootstrap_replicates(probabilities: np.ndarray, targets: np.ndarray, *, bins
     rng = np.random.default_rng(seed)
     chunk = max(1, BOOTSTRAP_CHUNK_CELLS // max(n, 1))
     parts: list[dict[str, np.ndarray]] = []
+    buffer = np.empty((min(chunk, resamples), n))
     for start in range(0, resamples, chunk):
         size = min(chunk, resamples - start)
         drawn = rng.integers(0, n, size=(size, n))
-        drawn += (np.arange(size, dtype=np.int64) * n)[:, None]
-        counts = np.bincount(drawn.ravel(), minlength=size * n).reshape(size, n).astype(np.float64)
+        counts = buffer[:size]
+        for replicate in range(size):
+            counts[replicate] = np.bincount(drawn[replicate], minlength=n)
         parts.append(_replicate_figures(counts, columns, classes, width_slots, mass_slots, n))
     return {name: np.concatenate([part[name] for part in parts]) for name in INTERVAL_FIGURES}
 
@@ -287,19 +290,25 @@ def _check_inputs(probabilities: np.ndarray, targets: np.ndarray, labels: list[s
 
 
 def calibration_summary(probabilities: np.ndarray, targets: np.ndarray, bins: int = 15) -> dict[str, Any]:
-    """{n, accuracy, nll, brier, ece_width, ece_mass, mce}."""
+    """{n, accuracy, nll, brier, ece_width, ece_mass, mce, bins}; bins are classification_report's
+    calibration bin tables ({"width": [...], "mass": [...]}), so a caller wanting them need not run a
+    whole report for them (evaluations.run's _summary did, twice per evaluation)."""
     from sklearn.metrics import accuracy_score, brier_score_loss, log_loss
 
     probabilities, targets = _check_inputs(probabilities, targets)
     classes = probabilities.shape[1]
     predictions, confidences, correct = _top(probabilities, targets)
+    width_index, edges = _width_bins(confidences, bins)
+    mass_index = _mass_bins(confidences, bins)
     return {"n": len(targets),
             "accuracy": float(accuracy_score(targets, predictions)),
             "nll": _number(log_loss(targets, probabilities, labels=list(range(classes)))),
             "brier": _number(brier_score_loss(targets, probabilities, labels=list(range(classes)))),
             "ece_width": _torchmetrics_calibration_error(confidences, correct, bins, "l1"),
-            "ece_mass": _calibration_error_from_index(confidences, correct, _mass_bins(confidences, bins), bins),
-            "mce": _torchmetrics_calibration_error(confidences, correct, bins, "max")}
+            "ece_mass": _calibration_error_from_index(confidences, correct, mass_index, bins),
+            "mce": _torchmetrics_calibration_error(confidences, correct, bins, "max"),
+            "bins": {"width": _bin_table(confidences, correct, width_index, bins + 1, edges),
+                     "mass": _bin_table(confidences, correct, mass_index, bins, None)}}
 
 
 def classification_report(probabilities: np.ndarray, targets: np.ndarray, labels: list[str], *, bins: int = 15,
