@@ -216,17 +216,18 @@ def measure(cases: list[Case], repeats: int) -> None:
 def metric_seconds(case: Case, repeats: int) -> dict[str, float]:
     """Medians of the evaluation's own metric steps alone, on its stored scores: the share of the
     evaluation that is not reading and predicting."""
-    from evaluations.run import BOOTSTRAP, CURVE_CLASSES, fit_calibration, read_scores
+    from evaluations.run import CURVE_CLASSES, bootstrap_resamples, fit_calibration, read_scores
     from trainyard import evaluation as metrics
 
     case.evaluation.artifacts = case.fields["artifacts"]
     scores = read_scores(case.evaluation)
     labels = [str(label) for label in case.evaluation.labels]
     probabilities = metrics.softmax(scores.logits)
+    resamples = bootstrap_resamples(len(scores.targets))  # as the evaluation drew them
     steps = {
-        "bootstrap": lambda: metrics.bootstrap_replicates(probabilities, scores.targets, bins=15, resamples=BOOTSTRAP),
+        "bootstrap": lambda: metrics.bootstrap_replicates(probabilities, scores.targets, bins=15, resamples=resamples),
         "report": lambda: metrics.classification_report(probabilities, scores.targets, labels, bins=15,
-                                                        bootstrap=BOOTSTRAP, curve_classes=CURVE_CLASSES),
+                                                        bootstrap=resamples, curve_classes=CURVE_CLASSES),
         "calibration": lambda: fit_calibration(scores.logits, scores.targets, labels, scores.calibration_part,
                                                scores.test_part),
     }
