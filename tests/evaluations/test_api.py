@@ -107,6 +107,18 @@ def test_calibration_is_served_by_the_endpoint_and_a_threshold_applied_to_a_flow
     expected = (logits / temperature).softmax(-1).max(-1).values.tolist()
     assert [p["confidence"] for p in served["predictions"]] == pytest.approx(expected, abs=1e-9)
 
+    # A batch prediction over the version's data serves the same calibrated numbers, line by line.
+    from hosting.actions import submit_batch_prediction
+    from hosting.batch import run_batch_prediction
+    from tests.hosting.test_batch import read_lines
+
+    batch = submit_batch_prediction(project=project, model_version=ModelVersion.objects.get(pk=model_version.pk),
+                                    dataset_version=completed_evaluation.dataset_version, user=owner)
+    assert run_batch_prediction(batch.pk) == "Completed"
+    batch.refresh_from_db()
+    lines = read_lines(batch.output_uri)
+    assert lines[0]["calibrated"] is True and lines[0]["temperature"] == temperature
+
     activation = client.post(f"/api/v1/flow-definitions/{flow.pk}/activation/",
                              {"evaluation": completed_evaluation.pk, "choice": "risk"}, format="json")
     assert activation.status_code == 200, activation.json()
