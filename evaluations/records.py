@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import csv
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from algorithms.image import class_of
 from datasets.models import DatasetVersion
 from hosting.models import ModelKind, ModelVersion
 from jobs.runner.staging import DataCache, VersionFacts, stage_channel
-from trainyard.records import csv_delimiter, open_text
+from trainyard.records import csv_delimiter, json_objects, open_text
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 
@@ -61,16 +60,10 @@ def _rows(path: Path, dataset_version: DatasetVersion) -> Iterator[dict[str, Any
             reader = csv.DictReader(text, delimiter=csv_delimiter(path.name, dataset_version.delimiter))
             yield from reader
             return
-        for number, line in enumerate(text, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError:
-                raise RecordsError(f"{path.name} line {number} is not valid JSON") from None
-            if not isinstance(row, dict):
-                raise RecordsError(f"{path.name} line {number} is not a JSON object")
-            yield row
+        try:
+            yield from json_objects(text, path.name)
+        except ValueError as exc:
+            raise RecordsError(str(exc)) from None
 
 
 def labelled_records(version: ModelVersion, dataset_version: DatasetVersion, folder: Path) -> Labelled:

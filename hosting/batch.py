@@ -32,6 +32,7 @@ from hosting.flows import send_predictions
 from hosting.invocation import calibration_fields
 from hosting.models import BatchPrediction, BatchStatus, ModelKind, ModelVersion
 from hosting.serving import InvalidInstances, parse_instances, predictor_for
+from trainyard.records import json_objects
 
 log = logging.getLogger(__name__)
 
@@ -62,16 +63,10 @@ def _csv_rows(path: str, uri: str, delimiter: str, columns: list[str] | None) ->
 
 def _jsonl_rows(path: str, uri: str) -> Iterator[dict[str, Any]]:
     with _text_stream(uri) as stream:
-        for line_number, line in enumerate(stream, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError:
-                raise BatchFailure(f"{path} line {line_number} is not valid JSON") from None
-            if not isinstance(row, dict):
-                raise BatchFailure(f"{path} line {line_number} is not a JSON object")
-            yield row
+        try:
+            yield from json_objects(stream, path)
+        except ValueError as exc:
+            raise BatchFailure(str(exc)) from None
 
 
 def records_of(version: ModelVersion, dataset_version) -> Iterator[tuple[Any, Any]]:

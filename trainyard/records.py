@@ -80,6 +80,23 @@ def is_jsonl_record(line: str) -> bool:
     return bool(line) and not line.isspace()
 
 
+def json_objects(text: IO[str], name: str) -> Iterator[dict]:
+    """The objects of a JSON Lines file, in order (blank lines skipped); ValueError naming
+    the file and line when one is not valid JSON or not an object."""
+    import json
+
+    for line_number, line in enumerate(text, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise ValueError(f"{name} line {line_number} is not valid JSON") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{name} line {line_number} is not a JSON object")
+        yield row
+
+
 def text_lines(chunk: str) -> tuple[str, list[str]]:
     """(the chunk with CRLF read as LF, its lines without newlines) for a chunk of whole
     text lines; the piece after a final newline is not a line. Non-empty lines are records."""
