@@ -21,6 +21,7 @@ import io
 import logging
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -159,12 +160,16 @@ def _evaluate_classifier(evaluation: Evaluation, data: Labelled) -> dict[str, An
     labels = [str(label) for label in evaluation.labels]
     probabilities = metrics.softmax(logits)
     resamples = bootstrap_resamples(len(targets))
-    report = metrics.classification_report(probabilities, targets, labels, bins=15, bootstrap=resamples,
-                                           seed=evaluation.seed, curve_classes=CURVE_CLASSES)
+    calibration_part, test_part = metrics.split_indices(len(targets), evaluation.calibration_fraction, evaluation.seed)
+    # The fits and the report read the same arrays and write nothing shared; numpy's sorts and
+    # sums release the GIL, so on two cores they overlap.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        fitted = pool.submit(fit_calibration, logits, targets, labels, calibration_part, test_part)
+        report = metrics.classification_report(probabilities, targets, labels, bins=15, bootstrap=resamples,
+                                               seed=evaluation.seed, curve_classes=CURVE_CLASSES)
+        calibration = fitted.result()
     report["unlabelled"] = data.unlabelled
     report["bootstrap_resamples"] = resamples
-    calibration_part, test_part = metrics.split_indices(len(targets), evaluation.calibration_fraction, evaluation.seed)
-    calibration = fit_calibration(logits, targets, labels, calibration_part, test_part)
     artifacts = {"scores": _write_scores(evaluation, logits, targets, calibration_part, test_part)}
     if len(labels) > CURVE_CLASSES:
         artifacts["per_class_csv"] = _write_text(evaluation, "per-class.csv",

@@ -28,6 +28,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -247,10 +248,27 @@ def _intervals(replicates: dict[str, np.ndarray]) -> dict[str, list[float | None
             for name, values in replicates.items()}
 
 
+def _trusted_inputs(function: Any) -> Any:
+    """Run `function` with scikit-learn's parameter validation off (sklearn.config_context
+    skip_parameter_validation, documented since 1.3): _check_inputs has already checked the
+    arrays, and the validation of its many small calls cost more than the figures themselves
+    on a large evaluation (bench/evaluation.py). The figures are the same."""
+    import functools
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from sklearn import config_context
+
+        with config_context(skip_parameter_validation=True):
+            return function(*args, **kwargs)
+
+    return wrapper
+
+
 # -- classification ------------------------------------------------------------------------------
 
 def _one_vs_rest(targets: np.ndarray, scores: np.ndarray, positive: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    from sklearn.metrics import average_precision_score, precision_recall_curve, roc_auc_score, roc_curve
+    from sklearn.metrics import auc, average_precision_score, precision_recall_curve, roc_curve
 
     truth = targets == positive
     if truth.all() or not truth.any():  # a curve needs positives and negatives; sklearn would warn and return NaN
@@ -259,7 +277,8 @@ def _one_vs_rest(targets: np.ndarray, scores: np.ndarray, positive: int) -> tupl
     precision, recall, _ = precision_recall_curve(truth, scores)
     fpr_list, tpr_list = _thin(fpr, tpr)
     recall_list, precision_list = _thin(recall, precision)
-    return ({"fpr": fpr_list, "tpr": tpr_list, "auc": _number(roc_auc_score(truth, scores))},
+    # roc_auc_score of a binary target is exactly auc() of its roc_curve: one sort instead of two.
+    return ({"fpr": fpr_list, "tpr": tpr_list, "auc": _number(auc(fpr, tpr))},
             {"recall": recall_list, "precision": precision_list,
              "average_precision": _number(average_precision_score(truth, scores))})
 
@@ -286,9 +305,14 @@ def _check_inputs(probabilities: np.ndarray, targets: np.ndarray, labels: list[s
         raise ValueError(f"labels: {len(labels)} labels for {probabilities.shape[1]} probability columns")
     if targets.min() < 0 or targets.max() >= probabilities.shape[1]:
         raise ValueError(f"targets: expected integers in [0, {probabilities.shape[1]})")
+    finite = np.isfinite(probabilities).all(axis=1)
+    if not finite.all():
+        raise ValueError(f"probabilities: the model's scores are NaN or infinite for {int((~finite).sum())} of "
+                         f"{len(targets)} records (the first is record {int(np.argmin(finite))})")
     return probabilities, targets
 
 
+@_trusted_inputs
 def calibration_summary(probabilities: np.ndarray, targets: np.ndarray, bins: int = 15) -> dict[str, Any]:
     """{n, accuracy, nll, brier, ece_width, ece_mass, mce, bins}; bins are classification_report's
     calibration bin tables ({"width": [...], "mass": [...]}), so a caller wanting them need not run a
@@ -311,6 +335,7 @@ def calibration_summary(probabilities: np.ndarray, targets: np.ndarray, bins: in
                      "mass": _bin_table(confidences, correct, mass_index, bins, None)}}
 
 
+@_trusted_inputs
 def classification_report(probabilities: np.ndarray, targets: np.ndarray, labels: list[str], *, bins: int = 15,
                           bootstrap: int = 1000, seed: int = 0, curve_classes: int = 10) -> dict[str, Any]:
     """Every figure of a classifier's evaluation page (keys in the module's interface notes)."""
@@ -318,7 +343,6 @@ def classification_report(probabilities: np.ndarray, targets: np.ndarray, labels
         accuracy_score,
         brier_score_loss,
         confusion_matrix,
-        f1_score,
         log_loss,
         precision_recall_fscore_support,
     )
@@ -327,14 +351,22 @@ def classification_report(probabilities: np.ndarray, targets: np.ndarray, labels
     n, classes = probabilities.shape
     class_ids = list(range(classes))
     predictions, confidences, correct = _top(probabilities, targets)
+    # The bootstrap is numpy throughout (it releases the GIL): it runs beside scikit-learn's calls.
+    pool = ThreadPoolExecutor(max_workers=1) if bootstrap > 0 else None
+    replicates = (pool.submit(bootstrap_replicates, probabilities, targets, bins=bins, resamples=bootstrap, seed=seed)
+                  if pool is not None else None)
 
     precision, recall, f1, support = precision_recall_fscore_support(targets, predictions, labels=class_ids, zero_division=0)
-    macro = precision_recall_fscore_support(targets, predictions, labels=class_ids, average="macro", zero_division=0)
+    # scikit-learn's average="macro" over `labels` is the plain mean of these per-class arrays and
+    # average="weighted" their mean weighted by support (its _classification.py): the same
+    # figures without two more passes of its input checks (tests compare them with f1_score's).
+    macro = (float(np.mean(precision)), float(np.mean(recall)), float(np.mean(f1)))
+    weighted_f1 = float(np.average(f1, weights=support)) if support.sum() > 0 else 0.0
     report: dict[str, Any] = {
         "n": n,
         "accuracy": float(accuracy_score(targets, predictions)),
         "macro_f1": float(macro[2]),
-        "weighted_f1": float(f1_score(targets, predictions, labels=class_ids, average="weighted", zero_division=0)),
+        "weighted_f1": weighted_f1,
         "macro_precision": float(macro[0]),
         "macro_recall": float(macro[1]),
         "log_loss": _number(log_loss(targets, probabilities, labels=class_ids)),
@@ -350,7 +382,12 @@ def classification_report(probabilities: np.ndarray, targets: np.ndarray, labels
     report["roc"], report["pr"] = {}, {}
     for c in shown:
         report["roc"][labels[c]], report["pr"][labels[c]] = _one_vs_rest(targets, probabilities[:, c], c)
-    report["roc_auc_macro"] = _macro_roc_auc(probabilities, targets)
+    aucs = [report["roc"][labels[c]]["auc"] for c in shown]
+    if classes > 2 and len(shown) == classes and all(value is not None for value in aucs):
+        # roc_auc_score(multi_class="ovr", average="macro") is the plain mean of these same binary AUCs.
+        report["roc_auc_macro"] = _number(float(np.mean(aucs)))
+    else:
+        report["roc_auc_macro"] = _macro_roc_auc(probabilities, targets)
     report["curve_classes_omitted"] = 0 if classes == 2 else classes - len(shown)
 
     width_index, edges = _width_bins(confidences, bins)
@@ -362,11 +399,13 @@ def classification_report(probabilities: np.ndarray, targets: np.ndarray, labels
         "bins": {"width": _bin_table(confidences, correct, width_index, bins + 1, edges),
                  "mass": _bin_table(confidences, correct, mass_index, bins, None)},
     }
-    report["intervals"] = (_intervals(bootstrap_replicates(probabilities, targets, bins=bins, resamples=bootstrap, seed=seed))
-                           if bootstrap > 0 else {})
+    report["intervals"] = _intervals(replicates.result()) if replicates is not None else {}
+    if pool is not None:
+        pool.shutdown()
     return report
 
 
+@_trusted_inputs
 def per_class_csv(probabilities: np.ndarray, targets: np.ndarray, labels: list[str]) -> str:
     """One row per class (label, support, precision, recall, f1, roc_auc, average_precision); an empty cell
     where a figure does not exist (a class with no positives has no ROC AUC)."""
@@ -462,15 +501,28 @@ class _Coverage:
         return self.n - first, self.errors_from[first]
 
 
+def _upper_bounds(errors: np.ndarray, covered: np.ndarray, delta: float) -> np.ndarray:
+    """clopper_pearson_upper for many (errors, n) at once: one scipy call for a whole curve."""
+    from scipy.stats import beta
+
+    errors, covered = np.asarray(errors, dtype=np.float64), np.asarray(covered, dtype=np.float64)
+    bounds = np.ones_like(errors)
+    inside = (covered > 0) & (errors < covered)
+    bounds[inside] = beta.ppf(1 - delta, errors[inside] + 1, covered[inside] - errors[inside])
+    return bounds
+
+
 def _row(threshold: float, covered: int, errors: int, n: int, sample_rate: float, delta_per_candidate: float,
-         task_count: int, review_cost: float | None, error_cost: float | None) -> dict[str, Any]:
+         task_count: int, review_cost: float | None, error_cost: float | None,
+         bound: float | None = None) -> dict[str, Any]:
     coverage = covered / n if n else 0.0
     risk = errors / covered if covered else None
     cost = None
     if review_cost is not None and error_cost is not None:
         cost = _number(_expected_cost(coverage, errors / n if n else 0.0, sample_rate, task_count, review_cost, error_cost))
     return {"threshold": float(threshold), "coverage": float(coverage), "risk": _number(risk),
-            "risk_upper": clopper_pearson_upper(int(errors), int(covered), delta_per_candidate),
+            "risk_upper": (float(bound) if bound is not None
+                           else clopper_pearson_upper(int(errors), int(covered), delta_per_candidate)),
             "workload": float(1 - coverage + sample_rate * coverage), "cost": cost,
             "covered": int(covered), "errors": int(errors)}
 
@@ -568,7 +620,10 @@ def propose_threshold(confidences: np.ndarray, correct: np.ndarray, *, target_er
     picked.update({0, len(thresholds) - 1})
     if cost_index is not None:
         picked.add(cost_index)
-    curve = [row(thresholds[i], covered_all[i], errors_all[i]) for i in sorted(picked)]
+    chosen = sorted(picked)
+    bounds = _upper_bounds(errors_all[chosen], covered_all[chosen], delta_per_candidate)
+    curve = [_row(thresholds[i], covered_all[i], errors_all[i], n, sample_rate, delta_per_candidate, task_count,
+                  review_cost, error_cost, bound=bound) for i, bound in zip(chosen, bounds, strict=True)]
     if best is not None and all(candidate["threshold"] != best[0] for candidate in curve):
         curve.append(result["risk"])
     curve.sort(key=lambda candidate: candidate["threshold"])
