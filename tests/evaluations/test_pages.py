@@ -138,6 +138,8 @@ def test_calibrate_button_serves_the_temperature_and_isotonic_is_refused(client,
     assert version.calibration["evaluation"] == completed_evaluation.pk
     html = response.content.decode()
     assert "now serves calibrated confidences" in html and 'id="calibrate-none"' in html
+    model_page = client.get(f"/models/{version.model_id}/").content.decode()
+    assert f'id="calibrated-{version.version}"' in model_page and f"/evaluations/{completed_evaluation.pk}/" in model_page
 
 
 def test_apply_to_a_flow_routes_it_at_the_proposal_and_records_where_it_came_from(client, owner, project,
