@@ -620,10 +620,10 @@ def propose_threshold(confidences: np.ndarray, correct: np.ndarray, *, target_er
     picked.update({0, len(thresholds) - 1})
     if cost_index is not None:
         picked.add(cost_index)
-    chosen = sorted(picked)
-    bounds = _upper_bounds(errors_all[chosen], covered_all[chosen], delta_per_candidate)
+    rows_at = sorted(picked)
+    bounds = _upper_bounds(errors_all[rows_at], covered_all[rows_at], delta_per_candidate)
     curve = [_row(thresholds[i], covered_all[i], errors_all[i], n, sample_rate, delta_per_candidate, task_count,
-                  review_cost, error_cost, bound=bound) for i, bound in zip(chosen, bounds, strict=True)]
+                  review_cost, error_cost, bound=bound) for i, bound in zip(rows_at, bounds, strict=True)]
     if best is not None and all(candidate["threshold"] != best[0] for candidate in curve):
         curve.append(result["risk"])
     curve.sort(key=lambda candidate: candidate["threshold"])
