@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.contrib.auth import hashers as _hashers
 from django.db import connection
 from django.test import override_settings
 from rest_framework.test import APIClient
@@ -23,6 +24,15 @@ from studio.models import Role
 from tests.factories import make_member
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Users' passwords hashed with MD5, here and in every studio, worker and server the tests start
+# (they inherit the variable; studio/settings.py reads it): PBKDF2 costs 0.4 s a user, minutes
+# over the suite. This process's settings were read before this file, so they are set here too.
+os.environ["STUDIO_TEST_FAST_PASSWORD_HASHING"] = "1"
+settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher",
+                             "django.contrib.auth.hashers.PBKDF2PasswordHasher"]
+_hashers.get_hashers.cache_clear()
+_hashers.get_hashers_by_algorithm.cache_clear()
 
 
 @pytest.fixture(scope="session", autouse=True)

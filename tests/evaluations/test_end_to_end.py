@@ -128,3 +128,16 @@ def test_evaluate_calibrate_propose_apply_and_invoke_keeps_the_unreviewed_error_
         assert proposal["compared"]["fixed_0.8"]["risk_upper"] > TARGET
     flow.refresh_from_db()
     assert flow.calibration["evaluation"] == evaluation_id and flow.calibration["target_error"] == TARGET
+
+    # 6. A looser target, for which 0.8 reviews more than it needs: the proposal starts fewer loops
+    #    than 0.8 on the same traffic, and its unreviewed error stays within that target.
+    loose = 0.05
+    applied = client.post(f"/api/v1/flow-definitions/{flow.pk}/activation/",
+                          {"evaluation": evaluation_id, "choice": "risk", "target_error": loose}, format="json").json()
+    assert applied["threshold"] < 0.8, applied
+    served = client.post("/api/v1/endpoints/biomes-routed/invocations", {"instances": instances}, format="json").json()
+    unreviewed = [(p, row) for p, row in zip(served["predictions"], fresh, strict=True)
+                  if p["confidence"] >= applied["threshold"]]
+    assert len(served["human_loops"]) == FRESH_ROWS - len(unreviewed) < at_08
+    error = sum(p["label"] != row["label"] for p, row in unreviewed) / len(unreviewed)
+    assert error <= loose + 2.5 * math.sqrt(loose * (1 - loose) / len(unreviewed))
