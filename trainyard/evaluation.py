@@ -468,7 +468,7 @@ def clopper_pearson_upper(errors: int, n: int, delta: float) -> float:
 
     if n <= 0 or errors >= n:
         return 1.0
-    return float(beta.ppf(1 - delta, errors + 1, n - errors))
+    return float(beta.isf(delta, errors + 1, n - errors))  # isf, not ppf(1 - delta): 1 - 1e-30 rounds to 1
 
 
 def min_items_for_bound(target_error: float, delta: float, searched: int) -> int:
@@ -508,7 +508,7 @@ def _upper_bounds(errors: np.ndarray, covered: np.ndarray, delta: float) -> np.n
     errors, covered = np.asarray(errors, dtype=np.float64), np.asarray(covered, dtype=np.float64)
     bounds = np.ones_like(errors)
     inside = (covered > 0) & (errors < covered)
-    bounds[inside] = beta.ppf(1 - delta, errors[inside] + 1, covered[inside] - errors[inside])
+    bounds[inside] = beta.isf(delta, errors[inside] + 1, covered[inside] - errors[inside])
     return bounds
 
 

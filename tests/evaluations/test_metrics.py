@@ -352,3 +352,12 @@ def test_softmax_and_split() -> None:
     assert list(calibration) == sorted(calibration) and np.array_equal(calibration, evaluation.split_indices(10, 0.3, seed=4)[0])
     tiny = evaluation.split_indices(2, 0.01)
     assert len(tiny[0]) == 1 and len(tiny[1]) == 1
+
+
+def test_a_tiny_delta_gives_the_exact_bound_at_once():
+    """ppf(1 - δ) rounds 1 - 1e-30 to 1 (a bound of 1 for every n, and min_items_for_bound never
+    stopped); the inverse survival function keeps it: with no error the bound is 1 - δ^(1/n)."""
+    delta = 1e-30
+    n = evaluation.min_items_for_bound(0.02, delta, 10)
+    assert evaluation.clopper_pearson_upper(0, n, delta / 10) <= 0.02 < evaluation.clopper_pearson_upper(0, n - 1, delta / 10)
+    assert evaluation.clopper_pearson_upper(0, n, delta / 10) == pytest.approx(1 - (delta / 10) ** (1 / n), rel=1e-9)
