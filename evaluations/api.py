@@ -31,7 +31,7 @@ from hosting.models import ModelVersion
 from review.access import get_flow_for_user
 from review.serializers import flow_json
 from studio.access import check_role, get_project_for_user
-from studio.api import ApiError, PaginatedAPIView, paginate, project_for_write
+from studio.api import ApiError, PaginatedAPIView, id_param, paginate, project_for_write
 from studio.deletion import destroy_schema
 from studio.models import Project
 
@@ -113,10 +113,8 @@ class EvaluationListView(PaginatedAPIView):
         if slug := request.query_params.get("project"):
             evaluations = evaluations.filter(project=get_project_for_user(request.user, slug))
         for name, lookup in (("model", "model_version__model_id"), ("model_version", "model_version_id")):
-            if value := request.query_params.get(name):
-                if not value.isdigit():
-                    raise ApiError(f"{name}: Give an id.", fields={name: ["Give an id."]})
-                evaluations = evaluations.filter(**{lookup: int(value)})
+            if (value := id_param(request.query_params, name, "Give an id.")) is not None:
+                evaluations = evaluations.filter(**{lookup: value})
         return paginate(self, request, evaluations, lambda page: [evaluation_json(e, full=False) for e in page])
 
     @extend_schema(request=OBJECT, responses={202: OBJECT})
@@ -173,10 +171,10 @@ class CompareView(APIView):
     def get(self, request: Request) -> Response:
         ids = []
         for name in ("a", "b"):
-            value = request.query_params.get(name, "")
-            if not value.isdigit():
+            value = id_param(request.query_params, name, "Give the id of an evaluation.")
+            if value is None:
                 raise ApiError(f"{name}: Give the id of an evaluation.", fields={name: ["Give the id of an evaluation."]})
-            ids.append(int(value))
+            ids.append(value)
         first, second = (get_evaluation_for_user(request.user, pk) for pk in ids)
         return Response(compare_json(first, second))
 

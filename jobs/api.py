@@ -16,7 +16,7 @@ from jobs.models import JobEvent, JobInput, JobStatus, TrainingJob
 from jobs.scripts import store_script
 from jobs.serializers import JobCreateSerializer, JobSerializer, JobSummarySerializer
 from studio.access import get_project_for_user
-from studio.api import ApiError, PaginatedAPIView, paginate, project_for_write
+from studio.api import ApiError, PaginatedAPIView, id_param, paginate, project_for_write
 from studio.deletion import ARCHIVED_PARAMETER, destroy_schema, wants_archived
 from studio.models import Project
 from studio.parsers import FormParser, MultiPartParser
@@ -51,10 +51,8 @@ class JobListView(PaginatedAPIView):
             jobs = jobs.filter(status__in=statuses)
         if algorithm := params.get("algorithm"):
             jobs = jobs.filter(algorithm=algorithm)
-        if dataset := params.get("dataset"):
-            if not dataset.isdigit():
-                raise ApiError("dataset must be a dataset id.", fields={"dataset": ["Not an integer."]})
-            jobs = jobs.filter(inputs__dataset_version__dataset_id=int(dataset)).distinct()
+        if (dataset := id_param(params, "dataset", "Not an integer.")) is not None:
+            jobs = jobs.filter(inputs__dataset_version__dataset_id=dataset).distinct()
         if tag := params.get("tag"):
             jobs = jobs.filter(tags__contains=[tag]) if _json_contains_supported() else jobs.filter(tags__icontains=f'"{tag}"')
         if search := params.get("search"):

@@ -40,7 +40,7 @@ from review.serializers import (
     work_team_json,
 )
 from studio.access import check_role, get_project_for_user
-from studio.api import ApiError, PaginatedAPIView, paginate, project_for_write
+from studio.api import ApiError, PaginatedAPIView, id_param, paginate, project_for_write
 from studio.deletion import destroy_schema
 from studio.models import Project
 
@@ -192,11 +192,8 @@ class HumanLoopListView(PaginatedAPIView):
         params = request.query_params
         if slug := params.get("project"):
             loops = loops.filter(project=get_project_for_user(request.user, slug))
-        if flow_id := params.get("flow_definition"):
-            if not flow_id.isdigit():
-                raise ApiError("flow_definition: Must be an integer id.",
-                               fields={"flow_definition": ["Must be an integer id."]})
-            loops = loops.filter(flow_definition_id=int(flow_id))
+        if (flow_id := id_param(params, "flow_definition")) is not None:
+            loops = loops.filter(flow_definition_id=flow_id)
         if wanted := params.get("status"):
             statuses = wanted.split(",")
             unknown = sorted(set(statuses) - set(LoopStatus.values))

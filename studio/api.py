@@ -60,6 +60,21 @@ class ApiError(exceptions.APIException):
         self.fields = fields or {}
 
 
+MAX_ID = 2**63 - 1  # the largest primary key a bigint (PostgreSQL) or an INTEGER (SQLite) holds
+
+
+def id_param(params: Any, name: str, message: str = "Must be an integer id.") -> int | None:
+    """A query parameter that names a row by id: None when absent, else the id; a 400 naming
+    it when it is not a whole number or is past what a primary key can be (the database
+    would raise instead of finding nothing: a 500)."""
+    raw = params.get(name)
+    if raw in (None, ""):
+        return None
+    if not raw.isdigit() or int(raw) > MAX_ID:
+        raise ApiError(f"{name}: {message}", fields={name: [message]})
+    return int(raw)
+
+
 def action_error(exc: ActionError) -> ApiError:
     """An action's refusal in the envelope: its status, its code (or the status's), its
     envelope message and each field's message as a one-item list."""

@@ -250,3 +250,17 @@ def test_data_an_evaluation_read_is_kept_and_a_model_versions_delete_takes_its_e
     assert gone.status_code == 204, gone.json()
     assert not Evaluation.objects.exists()
     assert any(uri in pending.uris for pending in PendingDeletion.objects.all()) or not store_for(uri).exists(uri)
+
+
+@pytest.mark.parametrize("path", [
+    "/api/v1/evaluations/?model_version=99999999999999999999999",
+    "/api/v1/evaluations/?model=-1",
+    "/api/v1/evaluations/compare/?a=1&b=99999999999999999999999",
+    "/api/v1/human-loops/?flow_definition=99999999999999999999999",
+    "/api/v1/jobs/?dataset=99999999999999999999999",
+])
+def test_an_id_past_what_a_key_can_hold_is_a_400_naming_it(owner, client_for, path):
+    response = client_for(owner).get(path)
+    assert response.status_code == 400, response.content
+    name = path.split("?")[1].split("&")[-1].split("=")[0]
+    assert name in response.json()["error"]["fields"]
