@@ -64,7 +64,7 @@ def run_evaluation(evaluation_id: int) -> str:
     try:
         fields = evaluate(evaluation)
     except (RecordsError, StagingError, StorageError, OSError, ValueError) as exc:
-        _finish(evaluation_id, EvaluationStatus.FAILED, failure_reason=_reason(exc))
+        _finish(evaluation_id, EvaluationStatus.FAILED, failure_reason=str(exc))
         return EvaluationStatus.FAILED
     except Exception as exc:  # noqa: BLE001 - the row must not stay Running forever
         log.exception("evaluation %s failed", evaluation_id)
@@ -73,14 +73,6 @@ def run_evaluation(evaluation_id: int) -> str:
         return EvaluationStatus.FAILED
     _finish(evaluation_id, EvaluationStatus.COMPLETED, duration_seconds=time.monotonic() - started, **fields)
     return EvaluationStatus.COMPLETED
-
-
-def _reason(exc: Exception) -> str:
-    message = str(exc)
-    if isinstance(exc, InvalidInstances) and message.startswith("instances["):
-        index, _, rest = message[len("instances["):].partition("]: ")
-        return f"record {index}: {rest}"
-    return message
 
 
 def _finish(evaluation_id: int, status: str, **fields: Any) -> None:
@@ -202,7 +194,8 @@ def fit_calibration(logits: np.ndarray, targets: np.ndarray, labels: list[str], 
     after = metrics.softmax(logits[test_part], temperature)
     result: dict[str, Any] = {
         "temperature": temperature, "calibration_items": int(len(calibration_part)), "test_items": int(len(test_part)),
-        "before": _summary(before, targets[test_part]), "after": _summary(after, targets[test_part]),
+        "before": metrics.calibration_summary(before, targets[test_part]),
+        "after": metrics.calibration_summary(after, targets[test_part]),
         "isotonic": None, "isotonic_min_items": ISOTONIC_MIN_ITEMS,
     }
     if len(calibration_part) >= ISOTONIC_MIN_ITEMS:
@@ -210,19 +203,8 @@ def fit_calibration(logits: np.ndarray, targets: np.ndarray, labels: list[str], 
         mapping = metrics.fit_isotonic(raw.max(axis=1), raw.argmax(axis=1) == targets[calibration_part])
         mapped = isotonic_top(torch.from_numpy(metrics.softmax(logits[test_part])), mapping).numpy()
         result["isotonic"] = {"mapping": {"x": mapping["x"], "y": mapping["y"]},
-                              "after": _summary(mapped, targets[test_part])}
+                              "after": metrics.calibration_summary(mapped, targets[test_part])}
     return result
-
-
-def _summary(probabilities: np.ndarray, targets: np.ndarray) -> dict[str, Any]:
-    from trainyard import evaluation as metrics
-
-    summary = metrics.calibration_summary(probabilities, targets, bins=15)
-    if "bins" not in summary:
-        labels = [str(index) for index in range(probabilities.shape[1])]
-        summary["bins"] = metrics.classification_report(probabilities, targets, labels, bins=15, bootstrap=0,
-                                                        curve_classes=0)["calibration"]["bins"]
-    return summary
 
 
 # --- scores and proposals ------------------------------------------------------------------------
