@@ -26,6 +26,10 @@ FINISHED_STATUSES = frozenset({JobStatus.COMPLETED, JobStatus.STOPPED, JobStatus
 # trial that was doing worse than its peers.
 STOP_REQUESTED = "StopRequested"
 EARLY_STOPPED = "EarlyStopped"
+# A rule on the job's metric stream (JobRule with a "stop" action) ended it; `stop_rule` names it.
+RULE_TRIGGERED = "RuleTriggered"
+# Stop reasons a tuning job counts as a pruned trial.
+PRUNED_STOP_REASONS = frozenset({EARLY_STOPPED, RULE_TRIGGERED})
 
 
 class TrainingJobQuerySet(models.QuerySet["TrainingJob"]):
@@ -82,6 +86,7 @@ class TrainingJob(models.Model):
     model_uri = models.CharField(max_length=1024, blank=True)
     final_metrics = models.JSONField(default=dict, blank=True)
     stop_reason = models.CharField(max_length=64, blank=True)
+    stop_rule = models.CharField(max_length=100, blank=True)  # the rule that stopped it (stop_reason RuleTriggered)
     stop_requested_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     training_started_at = models.DateTimeField(null=True, blank=True)
@@ -131,7 +136,8 @@ class TrainingJob(models.Model):
         return self.status in FINISHED_STATUSES
 
     def was_early_stopped(self) -> bool:
-        return self.status == JobStatus.STOPPED and self.stop_reason == EARLY_STOPPED
+        """Pruned: by the tuning job's pruner or by one of its rules (both count as pruned)."""
+        return self.status == JobStatus.STOPPED and self.stop_reason in PRUNED_STOP_REASONS
 
     @property
     def instance_type(self) -> str:
@@ -281,6 +287,17 @@ class JobAttempt(models.Model):
     exit_code = models.IntegerField(null=True, blank=True)
     outcome = models.CharField(max_length=32, blank=True)
     warm_start = models.BooleanField(default=False)
+    # Cost (jobs.cost): the price per node-hour in force when this launch started (GPUs
+    # priced per GPU included), frozen here so a later price change never rewrites history.
+    # Billable: Starting to end; training: first step (Training) to end; warm: the time the
+    # node was then held in a warm pool for this job (shown apart, billed too).
+    price_per_hour = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
+    currency = models.CharField(max_length=8, blank=True)
+    training_started_at = models.DateTimeField(null=True, blank=True)
+    training_seconds = models.FloatField(null=True, blank=True)
+    billable_seconds = models.FloatField(null=True, blank=True)
+    warm_seconds = models.FloatField(default=0)
+    cost = models.DecimalField(max_digits=16, decimal_places=6, null=True, blank=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["job", "attempt", "node_rank"], name="one_launch_per_node_rank")]
@@ -370,3 +387,104 @@ class Node(models.Model):
 
     def seconds_since_heartbeat(self) -> float:
         return (timezone.now() - self.last_heartbeat).total_seconds()
+
+
+class InstancePrice(models.Model):
+    """What an instance type costs per node-hour (plus per GPU-hour for GPU types). A
+    project's own price wins over the site's (project null, or STUDIO_INSTANCE_PRICES);
+    each launch snapshots the price in force (JobAttempt.price_per_hour)."""
+
+    project = models.ForeignKey(Project, null=True, blank=True, on_delete=models.CASCADE, related_name="instance_prices")
+    instance_type = models.CharField(max_length=64)
+    price_per_node_hour = models.DecimalField(max_digits=14, decimal_places=6, default=0)
+    price_per_gpu_hour = models.DecimalField(max_digits=14, decimal_places=6, default=0)
+    currency = models.CharField(max_length=8, default="USD")
+    updated_at = models.DateTimeField(default=timezone.now)
+    updated_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+
+    class Meta:
+        ordering = ["instance_type"]
+        constraints = [
+            models.UniqueConstraint(fields=["project", "instance_type"], name="one_price_per_project_type"),
+            models.UniqueConstraint(fields=["instance_type"], condition=models.Q(project__isnull=True),
+                                    name="one_site_price_per_type"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.instance_type}: {self.price_per_node_hour} {self.currency}/node-hour"
+
+
+class RuleState(models.TextChoices):
+    OK = "OK"
+    ALARM = "ALARM"
+    INSUFFICIENT_DATA = "INSUFFICIENT_DATA"
+
+
+class JobRule(models.Model):
+    """A rule watching one job's metric stream (jobs.rules): a built-in (`type` names it)
+    or a custom alarm on a metric, its parameters (checked and completed with defaults by
+    jobs.rules.engine.check_rule), the actions it takes on ALARM, and its current state.
+    Evaluated by the rule watcher beside the flusher as points arrive."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="rules")
+    name = models.CharField(max_length=100)
+    type = models.CharField(max_length=32)
+    parameters = models.JSONField(default=dict, blank=True)
+    # [{"type": "stop"} | {"type": "notify", "channels": [names]} | {"type": "tag", "tag": "..."}]
+    actions = models.JSONField(default=list, blank=True)
+    enabled = models.BooleanField(default=True)
+    state = models.CharField(max_length=24, choices=RuleState.choices, default=RuleState.INSUFFICIENT_DATA)
+    state_reason = models.TextField(blank=True)
+    state_changed_at = models.DateTimeField(null=True, blank=True)
+    state_values = models.JSONField(default=dict, blank=True)  # what the latest transition saw
+    last_evaluated_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["job", "pk"]
+        constraints = [models.UniqueConstraint(fields=["job", "name"], name="one_rule_name_per_job")]
+        indexes = [models.Index(fields=["state", "job"], name="job_rule_state")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} rule {self.name} ({self.type}): {self.state}"
+
+
+class AlarmTransition(models.Model):
+    """Every state change of a rule, with its time, the values that caused it, and what
+    its actions did (stop requested, deliveries made, tag added)."""
+
+    rule = models.ForeignKey(JobRule, on_delete=models.CASCADE, related_name="transitions")
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="alarm_transitions")
+    from_state = models.CharField(max_length=24, choices=RuleState.choices)
+    to_state = models.CharField(max_length=24, choices=RuleState.choices)
+    at = models.DateTimeField(default=timezone.now)
+    step = models.BigIntegerField(null=True, blank=True)
+    reason = models.TextField(blank=True)
+    values = models.JSONField(default=dict, blank=True)
+    actions_taken = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        ordering = ["at", "pk"]
+        indexes = [models.Index(fields=["job", "at"], name="alarm_transition_job_at")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} rule {self.rule_id}: {self.from_state} -> {self.to_state} at {self.at.isoformat()}"
+
+
+class ClusterSample(models.Model):
+    """The cluster every STUDIO_CLUSTER_SAMPLE_SECONDS (the Nodes page's charts over time):
+    queue depth, the oldest pending job's wait, and per node its state and utilisation
+    ({name: {"state", "cpu_percent", "gpu_percent", "job"}})."""
+
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    queue_depth = models.PositiveIntegerField(default=0)
+    oldest_pending_seconds = models.FloatField(null=True, blank=True)
+    nodes = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["at"]
+
+    def __str__(self) -> str:
+        return f"cluster at {self.at.isoformat()}: {self.queue_depth} pending"

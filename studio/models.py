@@ -234,3 +234,59 @@ class PendingDeletion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.what}: {len(self.uris)} of {self.total} left"
+
+
+class NotificationChannel(models.Model):
+    """Where a project's alarms are sent (managed by its admins): a webhook (a signed JSON
+    POST, studio.notify) or an e-mail address list (Django's mail backend). The webhook's
+    signing secret is shown once, at creation; deliveries are signed with HMAC-SHA256."""
+
+    class Kind(models.TextChoices):
+        WEBHOOK = "webhook"
+        EMAIL = "email"
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="notification_channels")
+    name = models.CharField(max_length=100)
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    url = models.URLField(max_length=2000, blank=True)
+    emails = models.JSONField(default=list, blank=True)
+    secret = models.CharField(max_length=128, blank=True)  # HMAC key (needed to sign, so not hashed)
+    enabled = models.BooleanField(default=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["project", "name"]
+        constraints = [models.UniqueConstraint(fields=["project", "name"], name="one_channel_name_per_project")]
+
+    def __str__(self) -> str:
+        return f"{self.project}: {self.name} ({self.kind})"
+
+
+class Delivery(models.Model):
+    """One notification to one channel: its body, every try, and how it ended. Retried with
+    back-off (studio.notify); the sender's outcome never affects what caused it."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        DELIVERED = "delivered"
+        FAILED = "failed"
+
+    channel = models.ForeignKey(NotificationChannel, on_delete=models.CASCADE, related_name="deliveries")
+    event = models.CharField(max_length=64)  # e.g. "alarm.transition"
+    payload = models.JSONField(default=dict)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING, db_index=True)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    response_status = models.IntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
+        indexes = [models.Index(fields=["channel", "created_at"], name="delivery_channel_created")]
+
+    def __str__(self) -> str:
+        return f"delivery {self.pk} to {self.channel_id}: {self.status}"

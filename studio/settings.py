@@ -149,6 +149,10 @@ CELERY_BEAT_SCHEDULE = {
     "requeue-stalled-evaluations": {"task": "evaluations.tasks.requeue_stalled_evaluations_task", "schedule": 30.0},
     # Store objects of deleted rows whose background removal was interrupted (studio.deletion).
     "sweep-pending-deletions": {"task": "studio.tasks.sweep_pending_deletions_task", "schedule": 60.0},
+    # Notifications whose next try is due (studio.notify: retried with back-off).
+    "retry-deliveries": {"task": "studio.tasks.retry_deliveries_task", "schedule": 5.0},
+    # The cluster's state for the Nodes page's charts over time (jobs.cluster).
+    "sample-cluster": {"task": "jobs.tasks.sample_cluster_task", "schedule": float(env_int("STUDIO_CLUSTER_SAMPLE_SECONDS", 15))},
 }
 
 # --- storage --------------------------------------------------------------------------
@@ -159,6 +163,28 @@ STUDIO_MAX_UPLOAD_BYTES = env_int("STUDIO_MAX_UPLOAD_BYTES", 2 * 1024**3)
 STUDIO_NODE_LOST_SECONDS = env_int("STUDIO_NODE_LOST_SECONDS", 30)
 STUDIO_NODE_HEARTBEAT_SECONDS = env_int("STUDIO_NODE_HEARTBEAT_SECONDS", 5)
 DATA_UPLOAD_MAX_NUMBER_FILES = env_int("STUDIO_MAX_UPLOAD_FILES", 10_000)
+
+# --- rules, notifications, cost, /metrics (docs/SPEC.md §10) ---------------------------
+# How often the rule watcher evaluates the time-based rules (stalled, max_init_time, budget).
+STUDIO_RULES_TICK_SECONDS = float(env_int("STUDIO_RULES_TICK_SECONDS", 1))
+# Webhook deliveries: tries in all, the first retry's delay (doubling), and each POST's timeout.
+STUDIO_WEBHOOK_ATTEMPTS = env_int("STUDIO_WEBHOOK_ATTEMPTS", 5)
+STUDIO_WEBHOOK_BACKOFF_SECONDS = float(env_int("STUDIO_WEBHOOK_BACKOFF_SECONDS", 2))
+STUDIO_WEBHOOK_TIMEOUT_SECONDS = float(env_int("STUDIO_WEBHOOK_TIMEOUT_SECONDS", 10))
+EMAIL_BACKEND = env_str("STUDIO_EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = env_str("STUDIO_EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("STUDIO_EMAIL_PORT", 25)
+DEFAULT_FROM_EMAIL = env_str("STUDIO_EMAIL_FROM", "trainyard@localhost")
+# Site-wide prices per instance type, JSON: {"cpu": 0.12, "gpu": {"node": 1.0, "gpu": 2.5}}
+# (per node-hour; "gpu" per GPU-hour on top). A project admin's price wins over these.
+STUDIO_INSTANCE_PRICES = env_str("STUDIO_INSTANCE_PRICES", "{}")
+STUDIO_CURRENCY = env_str("STUDIO_CURRENCY", "USD")
+# /metrics (Prometheus): a scraper sends `Authorization: Bearer <STUDIO_METRICS_TOKEN>`, or
+# comes from one of these networks (comma-separated CIDRs; loopback by default).
+STUDIO_METRICS_TOKEN = env_str("STUDIO_METRICS_TOKEN")
+STUDIO_METRICS_ALLOWED_NETWORKS = [n.strip() for n in env_str("STUDIO_METRICS_ALLOWED_NETWORKS", "127.0.0.1/32,::1/128").split(",")
+                                   if n.strip()]
+STUDIO_CLUSTER_SAMPLE_DAYS = env_int("STUDIO_CLUSTER_SAMPLE_DAYS", 7)
 
 # --- auth -----------------------------------------------------------------------------
 LOGIN_URL = "login"
