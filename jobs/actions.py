@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from datasets.models import DatasetVersion, VersionStatus
 from datasets.storage import StorageError, object_uri, split_uri, store_for
-from jobs.models import STOP_REQUESTED, JobEvent, JobInput, JobStatus, Node, TrainingJob
+from jobs.models import STOP_REQUESTED, JobEvent, JobInput, JobRule, JobStatus, Node, TrainingJob
 from jobs.transitions import transition
 from studio.errors import ActionError
 from studio.models import Project
@@ -216,6 +216,7 @@ class CheckedSubmission:
     pipeline: dict
     resources: dict
     checkpoint: dict
+    rules: list[dict]
 
 
 def check_submission(project: Project, data: dict) -> CheckedSubmission:
@@ -240,8 +241,14 @@ def check_submission(project: Project, data: dict) -> CheckedSubmission:
     check_distribution(data.get("algorithm") or "", distribution, pipeline, hyperparameters, resources)
     checkpoint = data.get("checkpoint") or {}
     check_checkpoint_uri(checkpoint.get("uri", ""))
+    from jobs.rules.engine import RuleError, check_rules
+
+    try:
+        rules = check_rules(data.get("rules") or [])
+    except RuleError as exc:
+        raise JobError({exc.field: exc.message}) from exc
     return CheckedSubmission(inputs=inputs, hyperparameters=hyperparameters, script=script, distribution=distribution,
-                             pipeline=pipeline, resources=resources, checkpoint=checkpoint)
+                             pipeline=pipeline, resources=resources, checkpoint=checkpoint, rules=rules)
 
 
 def submit_job(*, project: Project, user: User | None, data: dict) -> TrainingJob:
@@ -269,6 +276,11 @@ def submit_job(*, project: Project, user: User | None, data: dict) -> TrainingJo
         job.save(update_fields=["output_uri", "checkpoint"])
         JobInput.objects.bulk_create([JobInput(job=job, channel=i.channel, dataset_version=i.version, mode=i.mode)
                                       for i in checked.inputs])
+        from jobs.rules.store import waiting_reason
+
+        JobRule.objects.bulk_create([JobRule(job=job, name=r["name"], type=r["type"], parameters=r["parameters"],
+                                             actions=r["actions"], enabled=r["enabled"], state_reason=waiting_reason(r))
+                                     for r in checked.rules])
         JobEvent.objects.create(job=job, status=JobStatus.PENDING, message="Submitted")
         _clear_live_streams(job.pk)
         transaction.on_commit(_schedule_soon)
@@ -304,16 +316,18 @@ class NotStoppable(ActionError):
         super().__init__(message, status=409)
 
 
-def stop_job(job: TrainingJob, *, reason: str = STOP_REQUESTED, message: str = "") -> TrainingJob:
+def stop_job(job: TrainingJob, *, reason: str = STOP_REQUESTED, message: str = "", rule: str = "") -> TrainingJob:
     """A pending job stops at once; a starting or training one is asked to stop (Stopping)
     and its node agent ends it (SIGTERM, grace, SIGKILL) and records Stopped — keeping
-    `reason` as the job's stop_reason (EarlyStopped when a tuning job's pruner asks)."""
+    `reason` as the job's stop_reason (EarlyStopped when a tuning job's pruner asks,
+    RuleTriggered with `rule` naming the rule when one of its rules does)."""
+    extra = {"stop_rule": rule} if rule else {}
     if transition(job.pk, JobStatus.STOPPED, from_statuses=[JobStatus.PENDING],
-                  message=message or "Stopped before it started", stop_reason=reason):
+                  message=message or "Stopped before it started", stop_reason=reason, **extra):
         job.refresh_from_db()
         return job
     if not transition(job.pk, JobStatus.STOPPING, from_statuses=[JobStatus.STARTING, JobStatus.TRAINING],
-                      message=message or "Stop requested", stop_requested_at=timezone.now(), stop_reason=reason):
+                      message=message or "Stop requested", stop_requested_at=timezone.now(), stop_reason=reason, **extra):
         job.refresh_from_db()
         if job.status == JobStatus.STOPPING:
             return job  # asked twice: the first request is still being carried out

@@ -12,7 +12,7 @@ from rest_framework.views import APIView
 
 from jobs import actions
 from jobs.access import get_job_for_user
-from jobs.models import JobEvent, JobInput, JobStatus, TrainingJob
+from jobs.models import JobEvent, JobInput, JobRule, JobStatus, TrainingJob
 from jobs.scripts import store_script
 from jobs.serializers import JobCreateSerializer, JobSerializer, JobSummarySerializer
 from studio.access import get_project_for_user
@@ -26,6 +26,7 @@ def job_detail_queryset():
     return TrainingJob.objects.select_related("project", "created_by").prefetch_related(
         Prefetch("inputs", queryset=JobInput.objects.select_related("dataset_version__dataset")),
         Prefetch("events", queryset=JobEvent.objects.order_by("at", "pk")),
+        Prefetch("rules", queryset=JobRule.objects.order_by("pk")),
     )
 
 

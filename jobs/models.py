@@ -179,6 +179,8 @@ class TrainingJob(models.Model):
             "metric_definitions": list(self.metric_definitions or []),
             "environment": dict(self.environment or {}),
             "tags": list(self.tags or []),
+            "rules": [{"name": r.name, "type": r.type, "parameters": dict(r.parameters), "actions": list(r.actions),
+                       "enabled": r.enabled} for r in self.rules.all()],
         }
 
 

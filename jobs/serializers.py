@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import re
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from jobs.models import Distribution, JobStatus, TrainingJob
+from jobs.models import AlarmTransition, Distribution, JobRule, JobStatus, TrainingJob
 from jobs.sagemaker_distribution import DistributionField, SageMakerDistribution
 from studio.validators import clean_name
 
@@ -87,6 +88,46 @@ class PipelineSerializer(serializers.Serializer):
         return attrs
 
 
+class RuleSpecSerializer(serializers.Serializer):
+    """One rule as a submission or POST /jobs/<id>/rules/ gives it (the schema's view of it;
+    jobs.rules.engine.check_rule does the checking)."""
+
+    name = serializers.CharField(max_length=100, required=False, help_text="Unique within the job; defaults to the type.")
+    type = serializers.CharField(max_length=32, help_text=(
+        "non_finite, loss_not_decreasing, overfit, overtraining, stalled, max_init_time, low_gpu_utilization, "
+        "step_outlier, budget, or custom (jobs.rules.engine.RULE_TYPES)."))
+    parameters = serializers.DictField(required=False, help_text="The type's parameters; missing ones take their defaults.")
+    actions = serializers.ListField(child=serializers.JSONField(), required=False,
+                                    help_text='"stop", "notify", "tag", or objects such as {"type": "notify", "channels": ["ops"]}.')
+    enabled = serializers.BooleanField(required=False, default=True)
+
+
+@extend_schema_field(RuleSpecSerializer)
+class RuleSpecField(serializers.JSONField):
+    """A rule, passed through as given: check_rules checks it whole (unknown keys included)."""
+
+
+class RuleSerializer(serializers.ModelSerializer):
+    """A rule of a job with its state: OK, ALARM or INSUFFICIENT_DATA, why, since when, and
+    the values its latest transition saw."""
+
+    class Meta:
+        model = JobRule
+        fields = ["id", "name", "type", "parameters", "actions", "enabled", "state", "state_reason", "state_changed_at",
+                  "state_values", "last_evaluated_at", "created_at", "updated_at"]
+        read_only_fields = fields
+
+
+class AlarmTransitionSerializer(serializers.ModelSerializer):
+    rule = serializers.CharField(source="rule.name")
+    rule_id = serializers.IntegerField()
+
+    class Meta:
+        model = AlarmTransition
+        fields = ["id", "rule", "rule_id", "from_state", "to_state", "at", "step", "reason", "values", "actions_taken"]
+        read_only_fields = fields
+
+
 class JobCreateSerializer(serializers.Serializer):
     project = serializers.CharField(max_length=63)
     name = serializers.CharField(max_length=200)
@@ -107,6 +148,10 @@ class JobCreateSerializer(serializers.Serializer):
     metric_definitions = MetricDefinitionSerializer(many=True, required=False, default=list)
     environment = serializers.DictField(child=serializers.CharField(allow_blank=True, max_length=10_000), required=False, default=dict)
     tags = serializers.ListField(child=serializers.CharField(max_length=100), required=False, default=list, max_length=50)
+    # Rules on the job's metric stream (jobs.rules): checked by jobs.rules.engine.check_rules in
+    # check_submission, which names the bad field (`rules[1].parameters.window`). `non_finite`
+    # is added unless given (turn it off with {"type": "non_finite", "enabled": false}).
+    rules = serializers.ListField(child=RuleSpecField(), required=False, default=list, max_length=100)
 
     def validate_name(self, value: str) -> str:
         return clean_name(value)
@@ -168,7 +213,91 @@ class JobCreateSerializer(serializers.Serializer):
         return attrs
 
 
-class JobSerializer(serializers.ModelSerializer):
+class JobCostListSerializer(serializers.ListSerializer):
+    """A page of jobs with their cost figures computed for the whole page at once
+    (jobs.cost.job_costs: three queries, however many jobs)."""
+
+    def to_representation(self, data):
+        from django.db.models.manager import BaseManager
+
+        from jobs.cost import job_costs
+
+        jobs = list(data.all() if isinstance(data, BaseManager) else data)
+        self.child._costs = job_costs(jobs)  # type: ignore[union-attr]
+        return [self.child.to_representation(job) for job in jobs]  # type: ignore[union-attr]
+
+
+COST_FIELDS = ["training_time_seconds", "billable_time_seconds", "warm_pool_seconds", "cost", "currency",
+               "projected_cost"]
+COST_DECIMAL = serializers.DecimalField(max_digits=20, decimal_places=6, help_text=(
+    "Summed over the attempts and their nodes: (billable + warm-pool seconds) × the price per node-hour snapshotted "
+    "when each launch was placed. A finished job's cost is fixed: changing a price later never changes it."))
+
+
+class JobCostFields(serializers.Serializer):
+    """Read-only cost figures of a job (jobs.cost.job_cost), summed over its attempts —
+    retries after a lost node included — and over each attempt's nodes."""
+
+    training_time_seconds = serializers.SerializerMethodField(help_text=(
+        "Seconds from the job turning Training to each launch's end, summed over attempts and nodes."))
+    billable_time_seconds = serializers.SerializerMethodField(help_text=(
+        "Seconds from each launch's start (Starting) to its end, summed over attempts and nodes; warm-pool time apart."))
+    warm_pool_seconds = serializers.SerializerMethodField(help_text=(
+        "Seconds its nodes were then held in a warm pool for it (keep_alive_seconds); billed, shown apart."))
+    cost = serializers.SerializerMethodField()
+    currency = serializers.SerializerMethodField()
+    projected_cost = serializers.SerializerMethodField(help_text=(
+        "While it runs: the cost at the end of its planned max_steps (or epochs) at its step rate so far; null "
+        "when finished or when its length or rate cannot be known yet."))
+
+    def _figures(self, job: TrainingJob) -> dict:
+        from jobs.cost import job_costs
+
+        costs = getattr(self, "_costs", None)
+        if costs is None or job.pk not in costs:
+            costs = {**(costs or {}), **job_costs([job])}
+            self._costs = costs
+        return costs[job.pk]
+
+    @extend_schema_field(serializers.FloatField())
+    def get_training_time_seconds(self, job: TrainingJob) -> float:
+        return self._figures(job)["training_time_seconds"]
+
+    @extend_schema_field(serializers.FloatField())
+    def get_billable_time_seconds(self, job: TrainingJob) -> float:
+        return self._figures(job)["billable_time_seconds"]
+
+    @extend_schema_field(serializers.FloatField())
+    def get_warm_pool_seconds(self, job: TrainingJob) -> float:
+        return self._figures(job)["warm_pool_seconds"]
+
+    @extend_schema_field(COST_DECIMAL)
+    def get_cost(self, job: TrainingJob) -> str:
+        return self._figures(job)["cost"]
+
+    @extend_schema_field(serializers.CharField(help_text="ISO 4217, as the prices say (STUDIO_CURRENCY by default)."))
+    def get_currency(self, job: TrainingJob) -> str:
+        return self._figures(job)["currency"]
+
+    @extend_schema_field(serializers.DecimalField(max_digits=20, decimal_places=6, allow_null=True))
+    def get_projected_cost(self, job: TrainingJob) -> str | None:
+        return self._figures(job)["projected_cost"]
+
+
+class AttemptCostSerializer(serializers.Serializer):
+    attempt = serializers.IntegerField()
+    nodes = serializers.IntegerField()
+    billable_seconds = serializers.FloatField()
+    training_seconds = serializers.FloatField()
+    warm_seconds = serializers.FloatField()
+    price_per_hour = serializers.DecimalField(max_digits=20, decimal_places=6, allow_null=True,
+                                              help_text="Per node-hour, snapshotted when the attempt was placed.")
+    currency = serializers.CharField()
+    cost = serializers.DecimalField(max_digits=20, decimal_places=6)
+    running = serializers.BooleanField()
+
+
+class JobSerializer(JobCostFields, serializers.ModelSerializer):
     project = serializers.CharField(source="project.slug")
     inputs = serializers.SerializerMethodField()
     timeline = serializers.SerializerMethodField()
@@ -176,6 +305,8 @@ class JobSerializer(serializers.ModelSerializer):
     created_by = serializers.CharField(source="created_by.username", default=None)
     # {"count", "source": "channel"|"held_out", "few": count < 30} or null (jobs.validation_size).
     validation_records = serializers.SerializerMethodField()
+    rules = RuleSerializer(many=True, read_only=True)
+    cost_attempts = serializers.SerializerMethodField()
 
     class Meta:
         model = TrainingJob
@@ -186,8 +317,13 @@ class JobSerializer(serializers.ModelSerializer):
             "keep_alive_seconds", "retries", "metric_definitions", "environment", "tags", "attempt", "output_uri",
             "model_uri", "final_metrics", "created_by", "created_at", "started_at", "training_started_at", "finished_at",
             "warm_pool", "details", "tuning_job", "trial_number", "trial_params", "objective_value", "timeline",
-            "archived_at",
+            "archived_at", "stop_rule", "rules", *COST_FIELDS, "cost_attempts",
         ]
+
+    @extend_schema_field(AttemptCostSerializer(many=True))
+    def get_cost_attempts(self, job: TrainingJob) -> list[dict]:
+        """Per attempt: its nodes, seconds, snapshotted price and cost."""
+        return self._figures(job)["attempts"]
 
     def get_inputs(self, job: TrainingJob) -> dict:
         return {
@@ -208,13 +344,14 @@ class JobSerializer(serializers.ModelSerializer):
         return dict(validation_records(job) or {}) or None
 
 
-class JobSummarySerializer(serializers.ModelSerializer):
+class JobSummarySerializer(JobCostFields, serializers.ModelSerializer):
     project = serializers.CharField(source="project.slug")
 
     class Meta:
         model = TrainingJob
         fields = ["id", "project", "name", "status", "algorithm", "tags", "attempt", "priority", "final_metrics",
-                  "failure_reason", "warm_pool", "created_at", "started_at", "finished_at", "archived_at"]
+                  "failure_reason", "warm_pool", "created_at", "started_at", "finished_at", "archived_at", *COST_FIELDS]
+        list_serializer_class = JobCostListSerializer
 
 
 STOPPABLE = (JobStatus.PENDING, JobStatus.STARTING, JobStatus.TRAINING)

@@ -10,6 +10,8 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeGuard
 
+from jobs.models import PRUNED_STOP_REASONS
+
 if TYPE_CHECKING:
     from jobs.models import TrainingJob
     from tuning.models import TuningJob
@@ -61,8 +63,9 @@ class ChartData(TypedDict):
 
 
 def shown_status(trial: TrainingJob) -> str:
-    """A trial's status as people read it: an early-stopped trial is "Pruned"."""
-    if trial.status == "Stopped" and trial.stop_reason == "EarlyStopped":
+    """A trial's status as people read it: a trial stopped by the pruner or by one of its
+    rules (stop_reason EarlyStopped or RuleTriggered) is "Pruned"."""
+    if trial.status == "Stopped" and trial.stop_reason in PRUNED_STOP_REASONS:
         return "Pruned"
     return trial.status
 

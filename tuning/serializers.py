@@ -9,7 +9,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from jobs.models import EARLY_STOPPED, FINISHED_STATUSES, JobStatus, TrainingJob
+from jobs.models import FINISHED_STATUSES, PRUNED_STOP_REASONS, JobStatus, TrainingJob
 from jobs.serializers import JobCreateSerializer
 from studio.validators import clean_name
 from tuning import ranges
@@ -158,7 +158,7 @@ def trial_counts(rows: list[tuple[str, str, int]]) -> dict[str, int]:
             counts["failed"] += count
         else:
             counts["stopped"] += count
-            if stop_reason == EARLY_STOPPED:
+            if stop_reason in PRUNED_STOP_REASONS:  # the pruner's or a rule's stop
                 counts["early_stopped"] += count
     return counts
 

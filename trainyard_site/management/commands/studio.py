@@ -70,6 +70,8 @@ class Command(BaseCommand):
 
         flusher = sub.add_parser("flusher", help="Write metric points and system samples from Redis to the database.")
         flusher.add_argument("--block-ms", type=int, default=500, help="Longest wait for new points per read (default 500).")
+        flusher.add_argument("--no-rules", dest="rules", action="store_false",
+                             help="Do not run the rule watcher beside the flusher (run it in another flusher).")
 
         demo = sub.add_parser("demo", help="Load the demo datasets (idempotent).")
         demo.add_argument("--project", default=DEMO_PROJECT, help="Project slug (default demo; created if missing).")
@@ -95,7 +97,7 @@ class Command(BaseCommand):
         elif subcommand == "control":
             self.control(loglevel=options["loglevel"])
         elif subcommand == "flusher":
-            self.flusher(block_ms=options["block_ms"])
+            self.flusher(block_ms=options["block_ms"], rules=options["rules"])
         elif subcommand == "demo":
             self.demo(project_slug=options["project"])
         elif subcommand == "adduser":
@@ -313,15 +315,23 @@ class Command(BaseCommand):
         app.start(["worker", "-Q", settings.STUDIO_CONTROL_QUEUE, "-c", "2", "-B", "-s", str(schedule),
                    "-n", "control@%h", "-l", loglevel, "--without-gossip", "--without-mingle"])
 
-    def flusher(self, *, block_ms: int) -> None:
-        """Until SIGTERM or Ctrl-C: read the jobs' metric streams, write them in batches.
-        The signal only sets a flag; the loop drains what is waiting, then returns."""
+    def flusher(self, *, block_ms: int, rules: bool = True) -> None:
+        """Until SIGTERM or Ctrl-C: read the jobs' metric streams, write them in batches;
+        beside it, on a thread, the rule watcher evaluates the jobs' rules on the same
+        streams (jobs.rules.watcher). The signal only sets a flag; the loop drains what is
+        waiting, then returns."""
         from jobs.metrics.ingest import install_stop_handlers, run_flusher
-
+        try:
+            from jobs.rules.watcher import start_watcher_thread
+        except ImportError:  # TEMP while jobs.rules.engine is being written
+            rules = False
         stop = threading.Event()
         install_stop_handlers(stop)
-        self.stderr.write("flusher: started")
+        watcher = start_watcher_thread(stop) if rules else None
+        self.stderr.write("flusher: started" + (" (with the rule watcher)" if rules else ""))
         flusher = run_flusher(stop, block_ms=block_ms)
+        if watcher is not None:
+            watcher.join(10)
         self.stderr.write(f"flusher: stopped ({flusher.written:,} points and samples written, "
                           f"{flusher.dropped:,} dropped for deleted jobs)")
 

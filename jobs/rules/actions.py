@@ -1,0 +1,89 @@
+"""What a rule's transition does. Per action of the rule:
+
+- `stop`: on a transition into ALARM, the job is asked to stop (jobs.actions.stop_job):
+  it ends `Stopped` with stop_reason `RuleTriggered` and `stop_rule` naming the rule. The
+  agent's usual stop path runs (SIGTERM, grace, SIGKILL) and syncs the checkpoints, so the
+  newest checkpoint is kept; a tuning job counts the trial as pruned.
+- `tag`: on a transition into ALARM, the tag is added to the job's tags (once).
+- `notify`: on every transition (or those into the states in its `on` list), one delivery
+  per channel of the project (studio.notify: a signed webhook POST or an e-mail, retried
+  with back-off, each delivery recorded). A channel that is down never affects the job.
+
+A transition inside the rule's cool-down (`fire` false) is recorded and does nothing.
+Each action's outcome is kept on the transition (`actions_taken`)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.db import transaction
+
+from jobs.models import RULE_TRIGGERED, AlarmTransition, JobRule, TrainingJob
+from jobs.rules.engine import ALARM, Transition
+from jobs.transitions import note
+
+log = logging.getLogger(__name__)
+
+ALARM_EVENT = "alarm.transition"
+
+
+def take_actions(rule: JobRule, row: AlarmTransition, t: Transition) -> list[dict[str, Any]]:
+    taken: list[dict[str, Any]] = []
+    into_alarm = t.to_state == ALARM and t.from_state != ALARM
+    if into_alarm:
+        note(rule.job_id, f"rule {rule.name}: ALARM: {t.reason}")
+    if not t.fire:
+        return [{"type": "none", "reason": "inside the rule's cool-down"}] if rule.actions else []
+    for action in rule.actions:
+        kind = action.get("type")
+        if kind == "stop" and into_alarm:
+            taken.append(_stop(rule, t))
+        elif kind == "tag" and into_alarm:
+            taken.append(_tag(rule, action.get("tag") or f"alarm:{rule.name}"))
+        elif kind == "notify" and t.to_state in action.get("on", (t.to_state,)):
+            taken.append(_notify(rule, row, t, action.get("channels")))
+    return taken
+
+
+def _stop(rule: JobRule, t: Transition) -> dict[str, Any]:
+    from jobs.actions import NotStoppable, stop_job
+
+    job = TrainingJob.objects.get(pk=rule.job_id)
+    try:
+        stopped = stop_job(job, reason=RULE_TRIGGERED, rule=rule.name, message=f"{RULE_TRIGGERED}: rule {rule.name}: {t.reason}")
+    except NotStoppable as exc:
+        return {"type": "stop", "result": "not stoppable", "detail": str(exc)}
+    if stopped.stop_rule != rule.name:
+        return {"type": "stop", "result": "already stopping", "status": stopped.status}
+    log.info("job %s: stop requested by rule %s (%s)", rule.job_id, rule.name, t.reason)
+    return {"type": "stop", "result": "requested", "status": stopped.status}
+
+
+def _tag(rule: JobRule, tag: str) -> dict[str, Any]:
+    with transaction.atomic():
+        job = TrainingJob.objects.select_for_update().only("tags").get(pk=rule.job_id)
+        tags = list(job.tags or [])
+        if tag in tags:
+            return {"type": "tag", "tag": tag, "result": "already tagged"}
+        TrainingJob.objects.filter(pk=rule.job_id).update(tags=[*tags, tag])
+    return {"type": "tag", "tag": tag, "result": "added"}
+
+
+def alarm_payload(rule: JobRule, row: AlarmTransition, t: Transition) -> dict[str, Any]:
+    job = TrainingJob.objects.select_related("project").only("name", "status", "project__slug").get(pk=rule.job_id)
+    return {
+        "summary": f"{job.name}: rule {rule.name} is {t.to_state} ({t.reason})",
+        "job": {"id": rule.job_id, "name": job.name, "status": job.status, "project": job.project.slug},
+        "rule": {"id": rule.pk, "name": rule.name, "type": rule.type},
+        "transition": {"id": row.pk, "from": t.from_state, "to": t.to_state, "at": row.at.isoformat(), "step": t.step,
+                       "reason": t.reason, "values": row.values},
+    }
+
+
+def _notify(rule: JobRule, row: AlarmTransition, t: Transition, channels: list[str] | None) -> dict[str, Any]:
+    from studio.notify import notify
+
+    project_id = TrainingJob.objects.filter(pk=rule.job_id).values_list("project_id", flat=True).get()
+    ids = notify(project_id, ALARM_EVENT, alarm_payload(rule, row, t), channels=channels)
+    return {"type": "notify", "deliveries": ids}

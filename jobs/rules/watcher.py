@@ -1,0 +1,445 @@
+"""The rule watcher: evaluates every running job's rules on its streams as points arrive.
+
+    python manage.py studio flusher     # runs a RuleWatcher on a thread beside the flusher
+
+It reads the jobs' metric streams through its own consumer group (RULES_GROUP, beside the
+flusher's), so it sees every point the flusher writes without asking the database, and an
+entry is acked only after its transitions are stored: a watcher that dies leaves it
+pending, and the next one reads it again. Log lines and system samples are read with plain
+XREADs (they only tell activity and GPU use; a missed one costs nothing). The clock-driven
+rules (stalled, max_init_time, budget, missing data) are ticked every
+STUDIO_RULES_TICK_SECONDS. The database is read for rule definitions and running jobs
+every DISCOVER_SECONDS, never for points.
+
+One watcher at a time evaluates (a rule's window must see all of its job's points): the
+watchers of several flushers elect a leader with a Redis lock it renews; a new leader
+claims what the old one left pending.
+
+Fast path: a job whose rules need no curve (non_finite, stalled, max_init_time only — the
+default) has its payloads scanned for the bytes NaN/Infinity and parsed only when found."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.db import close_old_connections, connection
+
+from jobs.metrics import metrics_redis, parse_number, stream_items, text
+from jobs.models import JobRule, TrainingJob
+from jobs.rules.engine import INSUFFICIENT_DATA, Evaluator, GpuSample, Point, Transition, evaluator
+from jobs.rules.store import record
+from trainyard.protocol import LOGS_STREAM, METRICS_STREAM, SYSTEM_STREAM, key
+
+log = logging.getLogger(__name__)
+
+RULES_GROUP = "rules"
+LEADER_KEY = "trainyard:rules:leader"
+LEADER_TTL_MS = 10_000
+DISCOVER_SECONDS = 2.0
+CLAIM_IDLE_MS = 0  # a new leader takes over everything the group left pending
+# Rule types that need only the clock, the first point and NaN/Infinity bytes: a job with
+# no other rule has its payloads parsed only when they hold a non-finite value.
+CHEAP_TYPES = frozenset({"non_finite", "stalled", "max_init_time"})
+COST_SECONDS = 5.0  # how often a budget rule's cost is recomputed
+
+
+def entry_time(entry_id: bytes | str) -> float:
+    return int(text(entry_id).partition("-")[0]) / 1000.0
+
+
+def _unix(value: datetime | None) -> float | None:
+    return value.timestamp() if value is not None else None
+
+
+@dataclass
+class WatchedRule:
+    rule: JobRule
+    evaluator: Evaluator
+    updated_at: datetime
+
+
+@dataclass
+class WatchedJob:
+    job_id: int
+    attempt: int
+    started_at: float
+    rules: dict[int, WatchedRule] = field(default_factory=dict)
+    first_step_at: float | None = None
+    log_id: str = "0-0"
+    system_id: str = "0-0"
+    cheap: bool = True  # every rule is of CHEAP_TYPES
+    wants_gpu: bool = False
+    wants_cost: bool = False
+    last_cost_at: float = 0.0
+    cost: float | None = None
+    projected_cost: float | None = None
+
+    def refresh_kinds(self) -> None:
+        types = {w.rule.type for w in self.rules.values()}
+        self.cheap = types <= CHEAP_TYPES
+        self.wants_gpu = "low_gpu_utilization" in types
+        self.wants_cost = "budget" in types
+
+    def needs_points(self) -> bool:
+        """Parse this entry's points? Always unless cheap; when cheap, while a non_finite
+        rule still waits for its first point (it turns OK on a finite one)."""
+        if not self.cheap:
+            return True
+        return any(w.rule.type == "non_finite" and w.evaluator.state == INSUFFICIENT_DATA for w in self.rules.values())
+
+
+class RuleWatcher:
+    def __init__(self, client: redis.Redis | None = None, *, consumer: str | None = None,
+                 discover_seconds: float = DISCOVER_SECONDS, tick_seconds: float | None = None) -> None:
+        self.redis = client or metrics_redis()
+        self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-rules"
+        self.discover_seconds = discover_seconds
+        self.tick_seconds = tick_seconds if tick_seconds is not None else settings.STUDIO_RULES_TICK_SECONDS
+        self.jobs: dict[int, WatchedJob] = {}
+        self._grouped: set[int] = set()
+        self._last_discover = 0.0
+        self._last_tick = 0.0
+        self._leader = False
+        self._recovering = True
+        self.points_seen = 0
+        self.transitions = 0
+
+    # --- leadership ------------------------------------------------------------------
+    def lead(self) -> bool:
+        """Take or keep the leader lock; False while another watcher holds it."""
+        try:
+            if self._leader:
+                script = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
+                          "return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end")
+                self._leader = bool(self.redis.eval(script, 1, LEADER_KEY, self.consumer, LEADER_TTL_MS))
+            if not self._leader:
+                self._leader = bool(self.redis.set(LEADER_KEY, self.consumer, nx=True, px=LEADER_TTL_MS))
+                if self._leader:
+                    log.info("rule watcher %s: leading", self.consumer)
+                    self._grouped.clear()
+                    self.jobs.clear()
+                    self._recovering = True
+                    self._last_discover = 0.0
+        except redis.RedisError:
+            self._leader = False
+        return self._leader
+
+    def resign(self) -> None:
+        script = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
+        with contextlib.suppress(redis.RedisError):
+            self.redis.eval(script, 1, LEADER_KEY, self.consumer)
+        self._leader = False
+
+    # --- one cycle -------------------------------------------------------------------
+    def cycle(self, block_ms: int = 100) -> int:
+        """Discover (every DISCOVER_SECONDS), read and evaluate what arrived, tick the
+        clock-driven rules. Returns the number of transitions recorded."""
+        if not self.lead():
+            time.sleep(min(block_ms, 1000) / 1000)
+            return 0
+        before = self.transitions
+        now = time.monotonic()
+        if now - self._last_discover >= self.discover_seconds:
+            self._last_discover = now
+            self.discover()
+        if not self.jobs:
+            time.sleep(block_ms / 1000)
+            return 0
+        self.read(list(self.jobs), block_ms)
+        if now - self._last_tick >= self.tick_seconds:
+            self._last_tick = now
+            self.tick(time.time())
+        return self.transitions - before
+
+    # --- which jobs and rules --------------------------------------------------------
+    def discover(self) -> None:
+        running = {row["pk"]: row for row in TrainingJob.objects.running().values("pk", "attempt", "started_at")}
+        for job_id in [j for j in self.jobs if j not in running]:
+            self.finish(job_id)
+        if not running:
+            return
+        rules: dict[int, list[JobRule]] = {}
+        for rule in JobRule.objects.filter(job_id__in=list(running), enabled=True).order_by("pk"):
+            rules.setdefault(rule.job_id, []).append(rule)
+        for job_id, row in running.items():
+            watched = self.jobs.get(job_id)
+            started = _unix(row["started_at"]) or time.time()
+            if watched is not None and watched.attempt != row["attempt"]:
+                # A new attempt (a lost node's retry): its clock starts again; states carry over.
+                watched.attempt, watched.started_at, watched.first_step_at = row["attempt"], started, None
+                for w in watched.rules.values():
+                    w.evaluator = self._evaluator(w.rule, started, state=w.evaluator.state)
+            if watched is None:
+                if not rules.get(job_id):
+                    continue
+                watched = self.jobs[job_id] = WatchedJob(job_id=job_id, attempt=row["attempt"], started_at=started)
+                self._ensure_group(job_id)
+                self._start_activity(watched)
+            self._sync_rules(watched, rules.get(job_id, []))
+            if not watched.rules:
+                self.jobs.pop(job_id, None)
+
+    def _evaluator(self, rule: JobRule, started_at: float, *, state: str | None = None) -> Evaluator:
+        spec = {"name": rule.name, "type": rule.type, "parameters": rule.parameters, "actions": rule.actions,
+                "enabled": rule.enabled}
+        return evaluator(spec, started_at=started_at, state=state or rule.state)
+
+    def _sync_rules(self, watched: WatchedJob, rules: list[JobRule]) -> None:
+        wanted = {rule.pk: rule for rule in rules}
+        for rule_id in [r for r in watched.rules if r not in wanted]:
+            del watched.rules[rule_id]
+        for rule_id, rule in wanted.items():
+            current = watched.rules.get(rule_id)
+            if current is not None and current.updated_at == rule.updated_at:
+                continue
+            try:
+                # A changed definition starts a fresh window; the state carries over.
+                ev = self._evaluator(rule, watched.started_at, state=current.evaluator.state if current else None)
+            except Exception:  # noqa: BLE001 - a rule stored before a check changed must not stop the others
+                log.exception("job %s rule %s: cannot be evaluated", rule.job_id, rule.name)
+                continue
+            watched.rules[rule_id] = WatchedRule(rule=rule, evaluator=ev, updated_at=rule.updated_at)
+        watched.refresh_kinds()
+
+    def _ensure_group(self, job_id: int) -> None:
+        if job_id in self._grouped:
+            return
+        try:
+            # From id 0: a NaN logged before the watcher saw the job is still caught.
+            self.redis.xgroup_create(key(METRICS_STREAM, job_id), RULES_GROUP, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._grouped.add(job_id)
+
+    def _start_activity(self, watched: WatchedJob) -> None:
+        """The latest log line and system sample so far: activity starts there, and only
+        newer ones are read."""
+        for stream, attr in ((LOGS_STREAM, "log_id"), (SYSTEM_STREAM, "system_id")):
+            try:
+                last = self.redis.xrevrange(key(stream, watched.job_id), count=1)
+            except redis.RedisError:
+                continue
+            if last:
+                setattr(watched, attr, text(last[0][0]))
+                if stream == LOGS_STREAM:
+                    at = entry_time(last[0][0])
+                    for w in watched.rules.values():
+                        w.evaluator.observe_activity(at)
+
+    # --- reading ---------------------------------------------------------------------
+    def read(self, job_ids: list[int], block_ms: int) -> None:
+        streams = {key(METRICS_STREAM, job_id): job_id for job_id in job_ids}
+        start = "0" if self._recovering else ">"
+        try:
+            reply = stream_items(self.redis.xreadgroup(RULES_GROUP, self.consumer, dict.fromkeys(streams, start),
+                                                       count=50, block=None if self._recovering else block_ms))
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            self._grouped.clear()
+            for job_id in job_ids:
+                self._ensure_group(job_id)
+            return
+        if self._recovering and not any(entries for _, entries in reply):
+            self._recovering = False
+            self._claim(job_ids)
+        for raw_stream, entries in reply:
+            if entries:
+                self.observe_entries(streams[text(raw_stream)], entries)
+        self._read_activity(job_ids)
+
+    def _claim(self, job_ids: list[int]) -> None:
+        """Entries another watcher read and never acked (it died, or lost the lead)."""
+        for job_id in job_ids:
+            stream = key(METRICS_STREAM, job_id)
+            cursor = "0-0"
+            while True:
+                try:
+                    reply = self.redis.xautoclaim(stream, RULES_GROUP, self.consumer, CLAIM_IDLE_MS, cursor, count=50)
+                except redis.ResponseError:
+                    break
+                cursor, entries = reply[0], reply[1]
+                if entries:
+                    self.observe_entries(job_id, [e for e in entries if e and e[1] is not None])
+                if text(cursor) == "0-0":
+                    break
+
+    def observe_entries(self, job_id: int, entries: list[Any]) -> None:
+        watched = self.jobs.get(job_id)
+        ids = [entry_id for entry_id, _ in entries]
+        if watched is not None:
+            points: list[Point] = []
+            for entry_id, fields in entries:
+                if fields is None:
+                    continue
+                at = entry_time(entry_id)
+                if watched.first_step_at is None:
+                    watched.first_step_at = at
+                payload = fields.get(b"p", b"")
+                if watched.needs_points() or b"NaN" in payload or b"Infinity" in payload:
+                    points.extend(parse_points(payload, rank=fields.get(b"r", b"0")))
+                else:
+                    for w in watched.rules.values():
+                        w.evaluator.observe_activity(at)
+            self.points_seen += len(points)
+            if points:
+                for w in list(watched.rules.values()):
+                    self._record(w, w.evaluator.observe(points))
+        try:
+            self.redis.xack(key(METRICS_STREAM, job_id), RULES_GROUP, *ids)
+        except redis.RedisError:
+            log.warning("job %s: could not ack %d entries (they will be read again)", job_id, len(ids))
+
+    def _read_activity(self, job_ids: list[int]) -> None:
+        logs = {key(LOGS_STREAM, j): j for j in job_ids}
+        systems = {key(SYSTEM_STREAM, j): j for j in job_ids if self.jobs[j].wants_gpu}
+        wanted = {s: self.jobs[j].log_id for s, j in logs.items()}
+        wanted.update({s: self.jobs[j].system_id for s, j in systems.items()})
+        try:
+            reply = stream_items(self.redis.xread(wanted, count=500))
+        except redis.RedisError:
+            return
+        for raw_stream, entries in reply:
+            if not entries:
+                continue
+            stream = text(raw_stream)
+            if stream in logs:
+                watched = self.jobs[logs[stream]]
+                watched.log_id = text(entries[-1][0])
+                at = entry_time(entries[-1][0])
+                for w in watched.rules.values():
+                    w.evaluator.observe_activity(at)
+            else:
+                watched = self.jobs[systems[stream]]
+                watched.system_id = text(entries[-1][0])
+                samples = [s for entry_id, fields in entries if (s := gpu_sample(fields)) is not None]
+                if samples:
+                    for w in list(watched.rules.values()):
+                        self._record(w, w.evaluator.observe_gpu(samples))
+
+    # --- the clock -------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        for watched in list(self.jobs.values()):
+            if watched.wants_cost and now - watched.last_cost_at >= COST_SECONDS:
+                watched.last_cost_at = now
+                watched.cost, watched.projected_cost = job_costs(watched.job_id)
+            for w in list(watched.rules.values()):
+                self._record(w, w.evaluator.tick(now, cost=watched.cost, projected_cost=watched.projected_cost,
+                                                 first_step_at=watched.first_step_at))
+
+    def finish(self, job_id: int) -> None:
+        """The job ended: read what is left of its stream, tell each rule (one that never got
+        data says so), and stop watching it."""
+        watched = self.jobs.get(job_id)
+        if watched is None:
+            return
+        try:
+            reply = stream_items(self.redis.xreadgroup(RULES_GROUP, self.consumer, {key(METRICS_STREAM, job_id): ">"},
+                                                       count=1000))
+            for _, entries in reply:
+                if entries:
+                    self.observe_entries(job_id, entries)
+        except redis.RedisError:
+            pass
+        if watched.wants_cost:
+            watched.cost, watched.projected_cost = job_costs(job_id)
+        now = time.time()
+        for w in list(watched.rules.values()):
+            self._record(w, w.evaluator.tick(now, cost=watched.cost, projected_cost=None,
+                                             first_step_at=watched.first_step_at, finished=True))
+        self.jobs.pop(job_id, None)
+        self._grouped.discard(job_id)
+        with contextlib.suppress(redis.RedisError):
+            self.redis.xgroup_destroy(key(METRICS_STREAM, job_id), RULES_GROUP)
+
+    def _record(self, watched_rule: WatchedRule, transitions: list[Transition]) -> None:
+        if not transitions:
+            return
+        self.transitions += len(transitions)
+        try:
+            record(watched_rule.rule, transitions)
+        except Exception:  # noqa: BLE001 - a database hiccup must not end the watcher; the state is kept in memory
+            log.exception("job %s rule %s: could not store %d transition(s)", watched_rule.rule.job_id,
+                          watched_rule.rule.name, len(transitions))
+
+
+def parse_points(payload: bytes, *, rank: bytes | str) -> list[Point]:
+    """The points of one stream entry (the SDK's JSON [[name, step, value, time], ...];
+    NaN and ±Infinity bare or as strings). Malformed points are skipped (the flusher logs them)."""
+    try:
+        raw = json.loads(payload)
+        rank_number = int(rank)
+    except (ValueError, TypeError):
+        return []
+    points = []
+    for item in raw if isinstance(raw, list) else [raw]:
+        try:
+            name, step, value, unix_time = item
+            if type(name) is not str or type(step) is not int:
+                continue
+            points.append(Point(name=name, step=step, value=float(value), time=float(unix_time), rank=rank_number))
+        except (ValueError, TypeError):
+            continue
+    return points
+
+
+def gpu_sample(fields: dict[bytes, bytes]) -> GpuSample | None:
+    utilization, at = parse_number(fields.get(b"gpu")), parse_number(fields.get(b"t"))
+    if utilization is None or at is None:
+        return None
+    return GpuSample(host=text(fields.get(b"n", b"")), gpu_index=int(parse_number(fields.get(b"gpu_index")) or 0),
+                     utilization=utilization, time=at)
+
+
+def job_costs(job_id: int) -> tuple[float | None, float | None]:
+    """(cost so far, projected cost) for a budget rule; (None, None) when unknown."""
+    try:
+        from jobs.cost import job_cost
+
+        figures = job_cost(TrainingJob.objects.get(pk=job_id))
+    except Exception:  # noqa: BLE001 - no cost, no budget verdict; the rule says it has no data
+        log.debug("job %s: no cost figures", job_id, exc_info=True)
+        return None, None
+    cost, projected = figures.get("cost"), figures.get("projected_cost")
+    return (float(cost) if cost is not None else None), (float(projected) if projected is not None else None)
+
+
+def run_watcher(stop: threading.Event, *, block_ms: int = 100, watcher: RuleWatcher | None = None) -> RuleWatcher:
+    """Watch until `stop` is set (the flusher's command runs this on a thread). A failing
+    cycle is logged and retried with back-off; unacked entries are read again."""
+    watcher = watcher or RuleWatcher()
+    backoff = 0.0
+    try:
+        while not stop.is_set():
+            if not connection.in_atomic_block:
+                close_old_connections()
+            try:
+                watcher.cycle(block_ms)
+                backoff = 0.0
+            except Exception:  # noqa: BLE001 - the watcher outlives any one bad cycle
+                backoff = min(10.0, max(0.5, backoff * 2))
+                log.exception("rule watcher cycle failed; retrying in %.1f s", backoff)
+                watcher._recovering = True
+                stop.wait(backoff)
+    finally:
+        watcher.resign()
+        connection.close()
+    return watcher
+
+
+def start_watcher_thread(stop: threading.Event) -> threading.Thread:
+    thread = threading.Thread(target=run_watcher, args=(stop,), name="rule-watcher", daemon=True)
+    thread.start()
+    return thread
