@@ -1,5 +1,6 @@
-"""Node endpoints: GET /api/v1/nodes/ (with a summary per instance type) and
-GET /api/v1/nodes/<name>/.
+"""Node endpoints: GET /api/v1/nodes/ (with a summary per instance type),
+GET /api/v1/nodes/<name>/, and the cluster over time, GET /api/v1/cluster/history/
+(the Nodes page's charts: jobs.cluster's samples).
 
 Any signed-in member of any project may list the nodes (they are shared by every
 project), but a node's job and warm pool name another project's job or project only to
@@ -7,10 +8,12 @@ users who may read that project: others learn that the node is busy or warm, not
 
 from __future__ import annotations
 
-from datetime import datetime
+import re
+from datetime import UTC, datetime
 
-from django.http import Http404
+from django.http import Http404, QueryDict
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.permissions import BasePermission, IsAuthenticated
@@ -18,7 +21,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs.models import Node, NodeState
+from jobs.cluster import DEFAULT_HISTORY, DEFAULT_HISTORY_POINTS, MAX_HISTORY_POINTS, history
+from jobs.models import Node, NodeState, TrainingJob
 from jobs.node_overview import (
     nodes_for_display,
     queue_summaries,
@@ -165,3 +169,120 @@ class NodeDetailView(APIView):
         if node is None:
             raise Http404(f"No node named '{name}'.")
         return Response(NodeSerializer(node_json(node, readable_project_ids(request.user), timezone.now())).data)
+
+
+# --- the cluster over time ------------------------------------------------------------------------
+class ClusterHistoryJobSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    project = serializers.CharField(help_text="The job's project slug.")
+
+
+class ClusterPointSerializer(serializers.Serializer):
+    at = serializers.DateTimeField(help_text="The (last) sample's time.")
+    queue_depth = serializers.IntegerField(help_text="Pending jobs, every project (a bucket's highest).")
+    oldest_pending_seconds = serializers.FloatField(allow_null=True, help_text=(
+        "How long the oldest Pending job had waited since its submission (a bucket's highest); null: none waited."))
+
+
+class NodePointSerializer(serializers.Serializer):
+    at = serializers.DateTimeField()
+    state = serializers.ChoiceField(choices=NodeState.choices, help_text="As the Nodes page showed it (last of a bucket).")
+    cpu_percent = serializers.FloatField(allow_null=True, help_text=(
+        "The node's CPU % from its job's system samples (a bucket's mean); null: no job reported one."))
+    gpu_percent = serializers.FloatField(allow_null=True, help_text="Likewise for its GPUs (mean over the node's GPUs).")
+    job = ClusterHistoryJobSerializer(allow_null=True, help_text=(
+        "The job the node ran; null when idle or when the job belongs to a project you cannot read."))
+    busy = serializers.BooleanField(help_text="Whether the node ran a job (yours or not).")
+
+
+class NodeHistorySerializer(serializers.Serializer):
+    name = serializers.CharField()
+    points = NodePointSerializer(many=True)
+
+
+class ClusterHistorySerializer(serializers.Serializer):
+    since = serializers.DateTimeField()
+    until = serializers.DateTimeField()
+    samples = serializers.IntegerField(help_text="Stored samples in the window (one every STUDIO_CLUSTER_SAMPLE_SECONDS).")
+    bucket_seconds = serializers.FloatField(allow_null=True, help_text=(
+        "Width of each point's time bucket when the window held more samples than `points`; null: one point per sample."))
+    points = ClusterPointSerializer(many=True, help_text="The queue over time.")
+    nodes = NodeHistorySerializer(many=True, help_text="Per node (name order): its state and utilisation over time.")
+
+
+# A '+' in an unencoded query string arrives as a space: "...T10:00:00 01:00".
+_SPACED_OFFSET = re.compile(r"^(.*\d) (\d{2}:?\d{2})$")
+
+
+def _time_param(params: QueryDict, name: str, default: datetime) -> datetime:
+    raw = params.get(name)
+    if raw in (None, ""):
+        return default
+    value = raw.strip()
+    if match := _SPACED_OFFSET.match(value):
+        value = f"{match.group(1)}+{match.group(2)}"
+    try:
+        when = parse_datetime(value)
+    except ValueError:
+        when = None
+    if when is None:
+        message = "Not an ISO 8601 date-time (e.g. 2026-12-01T10:00:00Z)."
+        raise ApiError(f"{name}: {message}", fields={name: [message]})
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def _points_param(params: QueryDict) -> int:
+    raw = params.get("points")
+    if raw in (None, ""):
+        return DEFAULT_HISTORY_POINTS
+    message = f"A whole number from 2 to {MAX_HISTORY_POINTS}."
+    if not raw.isdigit() or not 2 <= int(raw) <= MAX_HISTORY_POINTS:
+        raise ApiError(f"points: {message}", fields={"points": [message]})
+    return int(raw)
+
+
+class ClusterHistoryView(APIView):
+    """The cluster over time (jobs.cluster.history). Nodes are shared, so every member sees
+    every node's figures; a node's job is named only to readers of its project."""
+
+    permission_classes = [IsAuthenticated, InAnyProject]
+
+    @extend_schema(
+        operation_id="v1_cluster_history",
+        parameters=[
+            OpenApiParameter("since", str, description=(
+                "ISO 8601 date-time (UTC when it has no offset); default: an hour before `until`.")),
+            OpenApiParameter("until", str, description="ISO 8601 date-time; default: now. Not before `since`."),
+            OpenApiParameter("points", int, description=(
+                f"At most this many points per series (default {DEFAULT_HISTORY_POINTS}, 2 to {MAX_HISTORY_POINTS}).")),
+        ],
+        responses=ClusterHistorySerializer,
+    )
+    def get(self, request: Request) -> Response:
+        params = request.query_params
+        until = _time_param(params, "until", timezone.now())
+        try:
+            default_since = until - DEFAULT_HISTORY
+        except OverflowError:  # until within an hour of year 1
+            default_since = datetime.min.replace(tzinfo=UTC)
+        since = _time_param(params, "since", default_since)
+        max_points = _points_param(params)
+        if since >= until:
+            message = "Must be before until."
+            raise ApiError(f"since: {message}", fields={"since": [message]})
+        found = history(since, until, max_points)
+        job_ids = {point["job"] for points in found.nodes.values() for point in points if point["job"] is not None}
+        readable = readable_project_ids(request.user)
+        jobs = {pk: {"id": pk, "name": name, "project": slug} for pk, name, slug in
+                TrainingJob.objects.filter(pk__in=job_ids, project_id__in=readable)
+                .values_list("pk", "name", "project__slug")} if job_ids else {}
+        body = {
+            "since": since, "until": until, "samples": found.samples, "bucket_seconds": found.bucket_seconds,
+            "points": found.points,
+            "nodes": [{"name": name, "points": [
+                {"at": p["at"], "state": p["state"], "cpu_percent": p["cpu_percent"], "gpu_percent": p["gpu_percent"],
+                 "job": jobs.get(p["job"]) if p["job"] is not None else None, "busy": p["job"] is not None}
+                for p in points]} for name, points in found.nodes.items()],
+        }
+        return Response(ClusterHistorySerializer(body).data)

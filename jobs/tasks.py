@@ -37,6 +37,15 @@ def run_node_task(job_id: int, attempt: int, node_rank: int) -> str:
     return run_node(job_id, attempt, node_rank)
 
 
+# Beat sends this every STUDIO_CLUSTER_SAMPLE_SECONDS (15 s): a sample that waited in the
+# queue past the next one's time is worth nothing, and one stamped late would misplace it.
+@shared_task(name="jobs.tasks.sample_cluster_task", ignore_result=True, expires=10)
+def sample_cluster_task() -> int:
+    from jobs.cluster import sample_cluster
+
+    return sample_cluster().pk
+
+
 @worker_shutting_down.connect
 def _end_running_job_on_shutdown(sig: Any = None, how: Any = None, exitcode: Any = None, **kwargs: Any) -> None:
     """A node worker asked to stop (SIGTERM, Ctrl-C) ends its job's processes (SIGTERM,

@@ -5,7 +5,9 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
+from jobs.api_nodes import ClusterHistoryView
 from trainyard_site.health import HealthView
+from trainyard_site.prometheus import metrics_view
 
 api_v1 = [
     path("health", HealthView.as_view(), name="api-health"),
@@ -13,6 +15,7 @@ api_v1 = [
     path("", include("datasets.api_urls")),
     path("", include("jobs.api_urls")),
     path("", include("jobs.api_cost_urls")),
+    path("cluster/history/", ClusterHistoryView.as_view(), name="api-cluster-history"),
     path("", include("tuning.api_urls")),
     path("", include("hosting.api_urls")),
     path("", include("review.api_urls")),
@@ -25,6 +28,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
     path("admin/", admin.site.urls),
+    path("metrics", metrics_view, name="metrics"),  # Prometheus (trainyard_site.prometheus), not part of the API
     path("", include("studio.urls")),
     path("", include("overview.urls")),
     path("datasets/", include("datasets.urls")),

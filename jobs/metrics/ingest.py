@@ -21,6 +21,7 @@ batch's commit with the next batch's statements (WriterPool).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import queue
@@ -68,6 +69,15 @@ DRAIN_SECONDS = 10.0
 # just started (its first points are what a person watches for, and what a warm start is
 # timed by) waits no longer than this to be noticed, whatever `block_ms` allows.
 NEW_JOB_WAIT_MS = 100
+# Each flusher's figures for /metrics (trainyard_site.prometheus): one hash field per
+# consumer name, a JSON object {"written", "dropped", "cycle_at", "lag"} rewritten at most
+# once a second (STATS_SECONDS). A field whose cycle_at is older than STATS_STALE_SECONDS
+# belongs to a flusher that stopped: readers ignore it, and a live flusher deletes fields
+# older than STATS_FORGET_SECONDS so restarts (new pids) do not grow the hash for ever.
+FLUSHER_STATS = "trainyard:flusher:stats"
+STATS_SECONDS = 1.0
+STATS_STALE_SECONDS = 60.0
+STATS_FORGET_SECONDS = 3600.0
 
 
 def job_keys(job_id: int) -> tuple[str, str]:
@@ -115,6 +125,11 @@ class Flusher:
         self.dropped = 0
         self.last_entries = 0  # stream entries the latest cycle read (0: all caught up)
         self._busy_streams = 1
+        # Seconds between now and the oldest entry the latest read returned (the ms in its
+        # stream id): how far behind the writers are; 0 once a read comes back empty.
+        self.lag_seconds = 0.0
+        self._last_stats = 0.0
+        self._last_forget = 0.0
         self._count_lock = threading.Lock()  # writer threads update the counts
 
     # --- one cycle -------------------------------------------------------------------
@@ -140,6 +155,7 @@ class Flusher:
             if block_ms > 0:
                 time.sleep(min(block_ms, NEW_JOB_WAIT_MS) / 1000)
             self.last_entries = 0
+            self.lag_seconds = 0.0
             return Batch(), jobs
         self._ensure_groups(jobs)
         if now - self._last_claim >= CLAIM_SECONDS:
@@ -147,6 +163,10 @@ class Flusher:
             self.claim_stale(jobs)
         batch = self._parse(self._read(jobs, min(block_ms, NEW_JOB_WAIT_MS)))
         self.last_entries = batch.entry_count()
+        # Per stream the ids come in order: the first of each is its oldest. Per entry, not
+        # per point, so the ingest path pays nothing per point for it.
+        oldest_ms = min((_id_tuple(ids[0])[0] for ids in batch.acks.values() if ids), default=None)
+        self.lag_seconds = 0.0 if oldest_ms is None else max(0.0, time.time() - oldest_ms / 1000)
         return batch, jobs
 
     def write_batch(self, batch: Batch, inserted: threading.Event | None = None) -> int:
@@ -158,12 +178,32 @@ class Flusher:
 
     def chores(self, jobs: list[int]) -> None:
         now = time.monotonic()
+        if now - self._last_stats >= STATS_SECONDS:
+            self._last_stats = now
+            self.publish_stats()
         if jobs and now - self._last_discover >= DISCOVER_SECONDS:
             self.retire_finished(jobs)
             self._last_discover = now
         if jobs and now - self._last_trim >= TRIM_SECONDS:
             self._last_trim = now
             self._trim(jobs)
+
+    def publish_stats(self) -> None:
+        """This consumer's figures into FLUSHER_STATS (see there). A Redis error is logged
+        and skipped: figures for a dashboard must never stop the ingest."""
+        now = time.time()
+        stats = {"written": self.written, "dropped": self.dropped, "cycle_at": round(now, 3),
+                 "lag": round(self.lag_seconds, 3)}
+        try:
+            self.redis.hset(FLUSHER_STATS, self.consumer, json.dumps(stats))
+            if now - self._last_forget >= STATS_STALE_SECONDS:
+                self._last_forget = now
+                gone = [name for name, row in read_flusher_stats_rows(self.redis).items()
+                        if now - row["cycle_at"] > STATS_FORGET_SECONDS]
+                if gone:
+                    self.redis.hdel(FLUSHER_STATS, *gone)
+        except redis.RedisError:
+            log.warning("flusher: could not publish its stats", exc_info=True)
 
     # --- which streams ---------------------------------------------------------------
     def _active_jobs(self, now: float) -> list[int]:
@@ -403,6 +443,42 @@ class Flusher:
                     continue
 
 
+# --- the flushers' figures (read by /metrics) --------------------------------------------
+@dataclass(frozen=True)
+class FlusherStats:
+    """The live flushers' figures summed: points and samples written and dropped since each
+    started (a restart starts its count again), the latest cycle, the worst lag."""
+
+    flushers: int
+    written: int
+    dropped: int
+    last_cycle_at: float | None  # unix time
+    lag_seconds: float
+
+
+def read_flusher_stats_rows(client: redis.Redis) -> dict[str, dict[str, float]]:
+    """Every consumer's row of FLUSHER_STATS, stale or not; unreadable rows are left out."""
+    rows: dict[str, dict[str, float]] = {}
+    for name, raw in client.hgetall(FLUSHER_STATS).items():
+        try:
+            row = json.loads(raw)
+            rows[text(name)] = {field: float(row[field]) for field in ("written", "dropped", "cycle_at", "lag")}
+        except (ValueError, TypeError, KeyError):
+            continue
+    return rows
+
+
+def read_flusher_stats(client: redis.Redis, now: float | None = None) -> FlusherStats:
+    """The flushers that cycled in the last STATS_STALE_SECONDS, summed (one HGETALL)."""
+    now = time.time() if now is None else now
+    live = [row for row in read_flusher_stats_rows(client).values() if now - row["cycle_at"] <= STATS_STALE_SECONDS]
+    return FlusherStats(
+        flushers=len(live), written=int(sum(row["written"] for row in live)),
+        dropped=int(sum(row["dropped"] for row in live)),
+        last_cycle_at=max((row["cycle_at"] for row in live), default=None),
+        lag_seconds=max((row["lag"] for row in live), default=0.0))
+
+
 # --- the long-running loop -------------------------------------------------------------
 _default_flusher: Flusher | None = None
 
@@ -554,6 +630,7 @@ def run_flusher(stop: threading.Event, *, block_ms: int = 500, drain_seconds: fl
         if pool is not None:
             pool.wait_idle()
             pool.close()
+        flusher.publish_stats()  # the drained batches' counts, before the field goes stale
     _refresh_connection()
     return flusher
 
