@@ -1,4 +1,4 @@
-"""Thin Celery wrappers around studio.deletion (tests call those functions directly)."""
+"""Thin Celery wrappers around studio.deletion and studio.notify (tests call those functions directly)."""
 
 from __future__ import annotations
 
@@ -20,3 +20,20 @@ def sweep_pending_deletions_task(stale_after_seconds: int | None = None) -> list
     from studio.deletion import STALE_AFTER_SECONDS, sweep_pending_deletions
 
     return sweep_pending_deletions(STALE_AFTER_SECONDS if stale_after_seconds is None else stale_after_seconds)
+
+
+# Sent on commit by studio.notify.notify (and a channel's test): one try of one delivery.
+@shared_task(name="studio.tasks.deliver_task", ignore_result=True)
+def deliver_task(delivery_id: int) -> str:
+    from studio.notify import deliver
+
+    return deliver(delivery_id)
+
+
+# Beat sends this every 5 s: due retries, and deliveries whose task message was lost. expires:
+# a sweep that waited in the queue past the next one is dropped, not run twice over.
+@shared_task(name="studio.tasks.retry_deliveries_task", ignore_result=True, expires=4)
+def retry_deliveries_task() -> int:
+    from studio.notify import retry_due
+
+    return retry_due()

@@ -1,0 +1,141 @@
+"""The project's notification channels page: every member who can read the project sees
+the channels; admins add, enable or disable, delete, test them, rotate a webhook's secret
+(shown once) and see the last deliveries. The page and the API call the same functions
+(studio.notify)."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import messages
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from studio import notify
+from studio.access import check_role, get_project_for_user, role_allows, signed_in
+from studio.api import MAX_ID
+from studio.forms import ActionFormMixin
+from studio.models import Delivery, NotificationChannel, Project
+from studio.views import page
+
+RECENT_DELIVERIES = 20
+
+
+class ChannelForm(ActionFormMixin, forms.Form):
+    name = forms.CharField(max_length=100, help_text="Unique in the project, e.g. 'on-call' or 'team mail'.")
+    kind = forms.ChoiceField(choices=[("webhook", "Webhook (signed JSON POST)"), ("email", "E-mail")])
+    url = forms.CharField(max_length=2000, required=False, label="Webhook URL",
+                          widget=forms.URLInput(attrs={"placeholder": "https://hooks.example.com/trainyard"}))
+    emails = forms.CharField(max_length=5000, required=False, label="E-mail addresses",
+                             widget=forms.Textarea(attrs={"rows": 2, "placeholder": "ops@example.com, me@example.com"}),
+                             help_text="Separated by commas or new lines.")
+
+    def clean_name(self) -> str:
+        name = self.cleaned_data["name"].strip()
+        if not name:
+            raise forms.ValidationError("This field is required.")
+        if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
+            raise forms.ValidationError("Names cannot contain control characters.")
+        return name
+
+    def clean_url(self) -> str:
+        url = self.cleaned_data["url"].strip()
+        if url and (problem := notify.webhook_url_problem(url)):
+            raise forms.ValidationError(problem)
+        return url
+
+    def clean_emails(self) -> list[str]:
+        addresses: list[str] = []
+        for address in self.cleaned_data["emails"].replace(",", "\n").split():
+            if problem := notify.email_problem(address):
+                raise forms.ValidationError(problem)
+            if address not in addresses:
+                addresses.append(address)
+        if len(addresses) > notify.MAX_EMAILS:
+            raise forms.ValidationError(f"At most {notify.MAX_EMAILS} addresses.")
+        return addresses
+
+    def clean(self) -> dict:
+        data = super().clean() or {}
+        if data.get("kind") == "webhook" and "url" in data and not data["url"]:
+            self.add_error("url", "A webhook needs a URL.")
+        if data.get("kind") == "email" and "emails" in data and not data["emails"]:
+            self.add_error("emails", "An e-mail channel needs at least one address.")
+        return data
+
+
+def _render(request: HttpRequest, project: Project, form: ChannelForm | None, *, new_secret: str = "",
+            secret_for: NotificationChannel | None = None, status: int = 200) -> HttpResponse:
+    admin = role_allows(project.role_of(request.user), admin=True)
+    channels = list(NotificationChannel.objects.filter(project=project).order_by("name"))
+    deliveries = (Delivery.objects.filter(channel__project=project).select_related("channel")
+                  .order_by("-created_at", "-pk")[:RECENT_DELIVERIES]) if admin else []
+    return render(request, "studio/notification_channels.html", {
+        "project": project, "is_admin": admin, "channels": channels, "deliveries": deliveries,
+        "form": form if admin else None, "new_secret": new_secret, "secret_for": secret_for,
+    }, status=status)
+
+
+@page
+def channel_list(request: HttpRequest, slug: str) -> HttpResponse:
+    project = get_project_for_user(request.user, slug)
+    if request.method != "POST":
+        return _render(request, project, ChannelForm())
+    check_role(request.user, project, admin=True)
+    form = ChannelForm(request.POST)
+    if form.is_valid():
+        data = form.cleaned_data
+        created = form.run_action(lambda: notify.create_channel(
+            project=project, user=signed_in(request.user), name=data["name"], kind=data["kind"], url=data["url"],
+            emails=data["emails"]))
+        if created is not None:
+            channel, secret = created
+            messages.success(request, f"Channel “{channel.name}” added.")
+            return _render(request, project, ChannelForm(), new_secret=secret, secret_for=channel)
+    return _render(request, project, form, status=400)
+
+
+def _admin_channel(request: HttpRequest, slug: str, pk: int) -> NotificationChannel:
+    project = get_project_for_user(request.user, slug, admin=True)
+    channel = NotificationChannel.objects.filter(project=project, pk=pk).first() if pk <= MAX_ID else None
+    if channel is None:
+        raise Http404("No such notification channel.")
+    return channel
+
+
+@page
+@require_POST
+def channel_toggle(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
+    channel = _admin_channel(request, slug, pk)
+    notify.update_channel(channel, {"enabled": not channel.enabled})
+    messages.success(request, f"Channel “{channel.name}” {'enabled' if channel.enabled else 'disabled'}.")
+    return redirect("notification-channels", slug=slug)
+
+
+@page
+@require_POST
+def channel_delete(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
+    channel = _admin_channel(request, slug, pk)
+    notify.delete_channel(channel)
+    messages.success(request, f"Channel “{channel.name}” deleted.")
+    return redirect("notification-channels", slug=slug)
+
+
+@page
+@require_POST
+def channel_test(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
+    channel = _admin_channel(request, slug, pk)
+    delivery = notify.send_test(channel, signed_in(request.user))
+    messages.success(request, f"Test delivery {delivery.pk} to “{channel.name}” queued; its outcome appears below.")
+    return redirect("notification-channels", slug=slug)
+
+
+@page
+@require_POST
+def channel_rotate(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
+    channel = _admin_channel(request, slug, pk)
+    if channel.kind != NotificationChannel.Kind.WEBHOOK:
+        messages.error(request, "An e-mail channel has no signing secret.")
+        return redirect("notification-channels", slug=slug)
+    secret = notify.rotate_secret(channel)
+    return _render(request, channel.project, ChannelForm(), new_secret=secret, secret_for=channel)
