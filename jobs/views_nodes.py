@@ -1,4 +1,5 @@
-"""The nodes page: every node (shared by all projects) and a summary per queue."""
+"""The nodes page: every node (shared by all projects), a summary per queue, and the
+cluster over time (charts fed by GET /api/v1/cluster/history/, static/js/nodes.js)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
-from jobs.models import Node, TrainingJob
+from jobs.models import ClusterSample, Node, TrainingJob
 from jobs.node_overview import (
     nodes_for_display,
     queue_summaries,
@@ -59,4 +60,8 @@ def nodes(request: HttpRequest) -> HttpResponse:
         "queues": queue_summaries(),
         "lost_after": settings.STUDIO_NODE_LOST_SECONDS,
         "heartbeat_every": settings.STUDIO_NODE_HEARTBEAT_SECONDS,
+        # No sample yet: the page says why instead of drawing empty axes.
+        "has_samples": ClusterSample.objects.exists(),
+        "sample_every": settings.CELERY_BEAT_SCHEDULE["sample-cluster"]["schedule"],
+        "sample_days": settings.STUDIO_CLUSTER_SAMPLE_DAYS,
     })
