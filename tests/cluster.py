@@ -131,7 +131,8 @@ def start_cluster(isolated_storage, base: Path) -> Cluster:
     env = {**worker_env(isolated_storage), "REDIS_URL": redis.url, "STUDIO_DATA_DIR": str(base / "data"),
            "STUDIO_NODE_LOST_SECONDS": str(LOST_SECONDS), "STUDIO_NODE_HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS),
            "STUDIO_STOP_GRACE_SECONDS": "2", "STUDIO_JOB_SYNC_SECONDS": "1", "STUDIO_SYSTEM_METRICS_SECONDS": "1",
-           "STUDIO_JOB_LEASE_SECONDS": "30"}
+           "STUDIO_JOB_LEASE_SECONDS": "30", "STUDIO_RULES_TICK_SECONDS": "1", "STUDIO_WEBHOOK_ATTEMPTS": "3",
+           "STUDIO_WEBHOOK_BACKOFF_SECONDS": "1"}
     manage = [sys.executable, "manage.py", "studio"]
     suffix = uuid.uuid4().hex[:6]
     cluster = Cluster(

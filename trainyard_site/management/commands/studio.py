@@ -321,10 +321,8 @@ class Command(BaseCommand):
         streams (jobs.rules.watcher). The signal only sets a flag; the loop drains what is
         waiting, then returns."""
         from jobs.metrics.ingest import install_stop_handlers, run_flusher
-        try:
-            from jobs.rules.watcher import start_watcher_thread
-        except ImportError:  # TEMP while jobs.rules.engine is being written
-            rules = False
+        from jobs.rules.watcher import start_watcher_thread
+
         stop = threading.Event()
         install_stop_handlers(stop)
         watcher = start_watcher_thread(stop) if rules else None

@@ -1,0 +1,138 @@
+"""Rules through the API: in the job spec and on a running job; bad parameters are a 400
+naming the field; roles; a finished job's rules are fixed; the alarms list."""
+
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+
+from jobs.models import AlarmTransition, JobRule, JobStatus, RuleState, TrainingJob
+from tests.factories import make_job, make_version
+
+
+@pytest.fixture
+def version(project, owner, tmp_path):
+    table = "a,b,label\n" + "".join(f"{i},{i % 7},{'xy'[i % 2]}\n" for i in range(60))
+    return make_version(project, tmp_path, {"train.csv": table}, name="tiny", user=owner)
+
+
+def body(version, **overrides) -> dict:
+    return {"project": "acme", "name": "ruled", "algorithm": "tabular-classifier", "hyperparameters": {"epochs": 2},
+            "inputs": {"train": {"dataset_version": version.pk}}, **overrides}
+
+
+@pytest.fixture
+def running(project):
+    return make_job(project, name="running", submitted=True, status=JobStatus.TRAINING, started_at=timezone.now())
+
+
+def test_a_submission_gets_the_default_rule_and_its_own(owner, client_for, version):
+    rules = [{"name": "plateau", "type": "loss_not_decreasing", "parameters": {"num_steps": 20}, "actions": ["notify"]}]
+    response = client_for(owner).post("/api/v1/jobs/", body(version, rules=rules), format="json")
+    assert response.status_code == 201, response.json()
+    got = {r["name"]: r for r in response.json()["rules"]}
+    assert set(got) == {"plateau", "non_finite"}
+    assert got["plateau"]["parameters"]["num_steps"] == 20
+    assert got["plateau"]["parameters"]["diff_percent"] == 0.1  # the default filled in
+    assert got["plateau"]["actions"] == [{"type": "notify", "channels": None}] or got["plateau"]["actions"][0]["type"] == "notify"
+    assert got["non_finite"]["actions"] == [{"type": "stop"}]
+    assert all(r["state"] == "INSUFFICIENT_DATA" and r["state_reason"].startswith("waiting for") for r in got.values())
+    # Clone and tune keep them: the submission a job came from carries its rules.
+    job = TrainingJob.objects.get(pk=response.json()["id"])
+    assert {r["name"] for r in job.as_submission()["rules"]} == {"plateau", "non_finite"}
+
+
+@pytest.mark.parametrize(("rules", "field"), [
+    ([{"type": "nope"}], "rules[0].type"),
+    ([{"type": "custom", "parameters": {"threshold": 1}}], "rules[0].parameters.metric"),
+    ([{"type": "custom", "parameters": {"metric": "loss", "threshold": "NaN"}}], "rules[0].parameters.threshold"),
+    ([{"type": "custom", "parameters": {"metric": "loss", "threshold": 1, "window": 0}}], "rules[0].parameters.window"),
+    ([{"type": "custom", "parameters": {"metric": "loss", "threshold": 1, "datapoints_to_alarm": 4,
+                                        "evaluation_periods": 3}}], "rules[0].parameters.datapoints_to_alarm"),
+    ([{"type": "stalled", "parameters": {"threshold_seconds": True}}], "rules[0].parameters.threshold_seconds"),
+    ([{"type": "stalled", "bogus": 1}], "rules[0].bogus"),
+    ([{"type": "stalled"}, {"type": "stalled"}], "rules[1].name"),
+    ([{"type": "stalled", "actions": ["explode"]}], "rules[0].actions[0]"),
+    ([5], "rules[0]"),
+])
+def test_a_bad_rule_is_a_400_naming_the_field_and_creates_nothing(owner, client_for, version, rules, field):
+    response = client_for(owner).post("/api/v1/jobs/", body(version, rules=rules), format="json")
+    assert response.status_code == 400, response.json()
+    fields = response.json()["error"]["fields"]
+    assert any(name == field or name.startswith(field) for name in fields), fields
+    assert not TrainingJob.objects.exists()
+
+
+def test_rules_on_a_running_job_add_change_and_delete(owner, teammate, viewer, client_for, running):
+    url = f"/api/v1/jobs/{running.pk}/rules/"
+    rule = {"name": "too-high", "type": "custom", "parameters": {"metric": "loss", "threshold": 5, "comparison": ">"},
+            "actions": ["stop"]}
+    assert client_for(viewer).post(url, rule, format="json").status_code == 403
+    created = client_for(teammate).post(url, rule, format="json")
+    assert created.status_code == 201, created.json()
+    assert created.json()["state"] == "INSUFFICIENT_DATA"
+    assert client_for(teammate).post(url, rule, format="json").json()["error"]["fields"].keys() == {"name"}
+
+    listed = client_for(viewer).get(url).json()
+    assert [r["name"] for r in listed["results"]] == ["too-high"]
+
+    changed = client_for(teammate).patch(url, {"name": "too-high", "parameters": {"threshold": 9}}, format="json")
+    assert changed.status_code == 200, changed.json()
+    assert changed.json()["parameters"]["threshold"] == 9 and changed.json()["parameters"]["metric"] == "loss"
+    bad = client_for(teammate).patch(url, {"name": "too-high", "parameters": {"window": -1}}, format="json")
+    assert bad.status_code == 400 and "parameters.window" in bad.json()["error"]["fields"]
+    retyped = client_for(teammate).patch(url, {"name": "too-high", "type": "stalled"}, format="json")
+    assert retyped.status_code == 400 and "type" in retyped.json()["error"]["fields"]
+    assert client_for(teammate).patch(url, {"name": "nobody", "enabled": False}, format="json").status_code == 404
+    assert client_for(teammate).patch(url, {"enabled": False}, format="json").status_code == 400
+
+    rule_id = created.json()["id"]
+    one = client_for(teammate).patch(f"{url}{rule_id}/", {"enabled": False}, format="json")
+    assert one.status_code == 200 and one.json()["enabled"] is False
+    assert client_for(viewer).delete(f"{url}{rule_id}/").status_code == 403
+    assert client_for(teammate).delete(f"{url}{rule_id}/").status_code == 204
+    assert not JobRule.objects.filter(pk=rule_id).exists()
+
+
+def test_a_finished_jobs_rules_are_fixed(teammate, client_for, project):
+    job = make_job(project, name="done", submitted=True, status=JobStatus.COMPLETED, finished_at=timezone.now())
+    rule = JobRule.objects.create(job=job, name="x", type="stalled", parameters={"threshold_seconds": 5})
+    url = f"/api/v1/jobs/{job.pk}/rules/"
+    assert client_for(teammate).post(url, {"type": "stalled"}, format="json").status_code == 409
+    assert client_for(teammate).patch(f"{url}{rule.pk}/", {"enabled": False}, format="json").status_code == 409
+    assert client_for(teammate).delete(f"{url}{rule.pk}/").status_code == 409
+
+
+@pytest.mark.parametrize("payload", [[], "text", [{"type": "stalled"}], {"type": None}, {"type": "stalled", "name": ""},
+                                     {"type": "stalled", "name": "x" * 500}, {"type": "stalled", "name": "a\x00b"},
+                                     b'{"type": "custom", "parameters": {"metric": "loss", "threshold": 1e400}}',
+                                     b'{"type": "custom", "parameters": {"metric": "loss", "threshold": NaN}}',
+                                     b'{"type": "stalled", "parameters": {"threshold_seconds": 1e999999}}',
+                                     {"type": "custom", "parameters": []}, {"type": "stalled", "actions": "stop"}])
+def test_odd_bodies_are_400s(teammate, client_for, running, payload):
+    url = f"/api/v1/jobs/{running.pk}/rules/"
+    client = client_for(teammate)
+    if isinstance(payload, bytes):
+        response = client.generic("POST", url, payload, content_type="application/json")
+    else:
+        response = client.post(url, payload, format="json")
+    assert response.status_code == 400, (payload, response.status_code, response.content[:300])
+
+
+def test_another_projects_job_rules_are_not_found(outsider, client_for, running):
+    assert client_for(outsider).get(f"/api/v1/jobs/{running.pk}/rules/").status_code == 404
+    assert client_for(outsider).post(f"/api/v1/jobs/{running.pk}/rules/", {"type": "stalled"}, format="json").status_code == 404
+
+
+def test_the_alarms_list_shows_what_is_firing_in_readable_projects(viewer, outsider, client_for, running, project):
+    firing = JobRule.objects.create(job=running, name="hot", type="stalled", state=RuleState.ALARM,
+                                    state_reason="silent", state_changed_at=timezone.now())
+    JobRule.objects.create(job=running, name="calm", type="stalled", state=RuleState.OK)
+    AlarmTransition.objects.create(rule=firing, job=running, from_state="OK", to_state="ALARM", reason="silent")
+    listed = client_for(viewer).get("/api/v1/alarms/").json()
+    assert [(r["name"], r["job"]["name"]) for r in listed["results"]] == [("hot", "running")]
+    assert client_for(viewer).get("/api/v1/alarms/?state=OK").json()["count"] == 1
+    assert client_for(viewer).get("/api/v1/alarms/?state=WEIRD").status_code == 400
+    assert client_for(outsider).get("/api/v1/alarms/").json()["count"] == 0
+    transitions = client_for(viewer).get(f"/api/v1/jobs/{running.pk}/alarm-transitions/").json()
+    assert [(t["rule"], t["to_state"]) for t in transitions["results"]] == [("hot", "ALARM")]

@@ -1,0 +1,180 @@
+"""The rule watcher on real Redis streams, in this process: points written the way the SDK
+writes them, cycles run by hand, transitions and actions read from the database."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from django.utils import timezone
+
+from jobs.models import AlarmTransition, JobRule, JobStatus, RuleState, TrainingJob
+from jobs.rules.engine import check_rules
+from jobs.rules.store import waiting_reason
+from jobs.rules.watcher import LEADER_KEY, RULES_GROUP, RuleWatcher
+from studio.redis_conn import redis_client
+from tests.factories import make_job
+from tests.jobs.conftest import clear_job_streams
+from trainyard.protocol import LOGS_STREAM, METRICS_STREAM, key
+
+
+@pytest.fixture
+def watcher():
+    redis_client().delete(LEADER_KEY)
+    made: list[RuleWatcher] = []
+
+    def make(**kwargs) -> RuleWatcher:
+        w = RuleWatcher(redis_client(), discover_seconds=0.0, tick_seconds=0.0, **kwargs)
+        made.append(w)
+        return w
+
+    yield make
+    for w in made:
+        w.resign()
+
+
+def running_job(project, rules: list, **fields) -> TrainingJob:
+    job = make_job(project, name=fields.pop("name", "watched"), submitted=True, status=JobStatus.TRAINING,
+                   started_at=timezone.now(), training_started_at=timezone.now(), **fields)
+    clear_job_streams(job.pk)
+    for spec in check_rules(rules):
+        JobRule.objects.create(job=job, name=spec["name"], type=spec["type"], parameters=spec["parameters"],
+                               actions=spec["actions"], enabled=spec["enabled"], state_reason=waiting_reason(spec))
+    return job
+
+
+def send(job: TrainingJob, points: list[tuple[str, int, float]], *, rank: int = 0, at: float | None = None) -> None:
+    """One stream entry as trainyard.metrics writes it (NaN and Infinity bare, as json.dumps does)."""
+    now = at or time.time()
+    redis_client().xadd(key(METRICS_STREAM, job.pk), {"r": rank, "p": json.dumps([[n, s, v, now] for n, s, v in points])})
+
+
+def run(w: RuleWatcher, cycles: int = 3) -> None:
+    for _ in range(cycles):
+        w.cycle(block_ms=10)
+
+
+def test_a_nan_point_stops_the_job_with_the_default_rule(project, watcher):
+    job = running_job(project, [])
+    w = watcher()
+    send(job, [("train_loss", 1, 0.9), ("train_loss", 2, 0.8)])
+    run(w)
+    rule = JobRule.objects.get(job=job, name="non_finite")
+    assert rule.state == RuleState.OK, rule.state_reason
+
+    send(job, [("train_loss", 3, float("nan")), ("accuracy", 3, 0.5)])
+    run(w)
+
+    job.refresh_from_db()
+    assert (job.status, job.stop_reason, job.stop_rule) == (JobStatus.STOPPING, "RuleTriggered", "non_finite")
+    alarm = AlarmTransition.objects.get(job=job, to_state=RuleState.ALARM)
+    assert alarm.step == 3 and alarm.from_state == RuleState.OK
+    assert alarm.actions_taken[0]["type"] == "stop"
+    assert job.events.filter(message__contains="rule non_finite").exists()
+
+
+def test_infinity_on_another_rank_is_caught_too(project, watcher):
+    job = running_job(project, [])
+    w = watcher()
+    send(job, [("val_loss", 1, 0.5)])
+    send(job, [("val_loss", 1, float("inf"))], rank=3)
+    run(w)
+    job.refresh_from_db()
+    assert job.stop_rule == "non_finite"
+
+
+def test_a_default_rule_can_be_turned_off(project, watcher):
+    job = running_job(project, [{"type": "non_finite", "enabled": False}])
+    w = watcher()
+    send(job, [("train_loss", 1, float("nan"))])
+    run(w)
+    job.refresh_from_db()
+    assert job.status == JobStatus.TRAINING and not AlarmTransition.objects.filter(job=job).exists()
+
+
+def test_a_custom_m_of_n_rule_fires_where_its_definition_says(project, watcher):
+    rule = {"name": "loss-high", "type": "custom", "actions": ["tag"],
+            "parameters": {"metric": "loss", "statistic": "last", "window": 1, "comparison": ">", "threshold": 2,
+                           "datapoints_to_alarm": 2, "evaluation_periods": 3}}
+    job = running_job(project, [rule])
+    w = watcher()
+    for step, value in enumerate([1, 1, 1, 1, 5, 1, 5, 5, 1, 1, 1], start=1):
+        send(job, [("loss", step, value)])
+        run(w, 1)
+    changes = list(AlarmTransition.objects.filter(job=job, rule__name="loss-high").order_by("at", "pk")
+                   .values_list("from_state", "to_state", "step"))
+    assert ("OK", "ALARM", 7) in changes and ("ALARM", "OK", 10) in changes, changes
+    job.refresh_from_db()
+    assert "alarm:loss-high" in job.tags and job.status == JobStatus.TRAINING
+
+
+def test_entries_a_dead_watcher_read_and_never_acked_are_read_again(project, watcher):
+    job = running_job(project, [])
+    first = watcher(consumer="first")
+    send(job, [("loss", 1, 1.0)])
+    run(first)
+    # A second entry read by a watcher that then died before acking it.
+    send(job, [("loss", 2, float("nan"))])
+    redis_client().xreadgroup(RULES_GROUP, "crashed", {key(METRICS_STREAM, job.pk): ">"}, count=10)
+    first.resign()
+
+    second = watcher(consumer="second")
+    run(second)
+
+    job.refresh_from_db()
+    assert job.stop_rule == "non_finite", list(AlarmTransition.objects.filter(job=job).values())
+
+
+def test_only_one_watcher_leads(project, watcher):
+    running_job(project, [])
+    a, b = watcher(consumer="a"), watcher(consumer="b")
+    assert a.lead() and not b.lead()
+    a.resign()
+    assert b.lead()
+
+
+def test_stalled_fires_on_the_clock_and_a_log_line_clears_it(project, watcher):
+    job = running_job(project, [{"type": "stalled", "parameters": {"threshold_seconds": 1}}])
+    w = watcher()
+    send(job, [("loss", 1, 1.0)])
+    run(w)
+    time.sleep(1.5)
+    run(w)
+    rule = JobRule.objects.get(job=job, name="stalled")
+    assert rule.state == RuleState.ALARM, rule.state_reason
+    redis_client().xadd(key(LOGS_STREAM, job.pk), {"r": 0, "t": f"{time.time():.3f}", "s": "out", "l": "still here"})
+    run(w)
+    rule.refresh_from_db()
+    assert rule.state == RuleState.OK, rule.state_reason
+
+
+def test_a_rule_that_never_gets_data_says_so_when_the_job_ends(project, watcher):
+    job = running_job(project, [{"type": "custom", "name": "val", "parameters": {"metric": "validation_loss",
+                                                                                 "threshold": 1, "comparison": ">"}}])
+    w = watcher()
+    send(job, [("train_loss", 1, 1.0)])
+    run(w)
+    TrainingJob.objects.filter(pk=job.pk).update(status=JobStatus.COMPLETED, finished_at=timezone.now())
+    run(w)
+    rule = JobRule.objects.get(job=job, name="val")
+    assert rule.state == RuleState.INSUFFICIENT_DATA
+    assert "validation_loss" in rule.state_reason and "train_loss" in rule.state_reason, rule.state_reason
+    assert AlarmTransition.objects.filter(rule=rule).exists()
+
+
+def test_a_rule_added_while_the_job_runs_is_picked_up(project, watcher):
+    job = running_job(project, [])
+    w = watcher()
+    send(job, [("loss", 1, 1.0)])
+    run(w)
+    from jobs.rules.store import add_rule
+
+    add_rule(job.pk, {"type": "custom", "name": "big", "parameters": {"metric": "loss", "threshold": 10,
+                                                                       "comparison": ">"}, "actions": ["stop"]},
+             job_finished=False)
+    run(w)
+    send(job, [("loss", 2, 50.0)])
+    run(w)
+    job.refresh_from_db()
+    assert job.stop_rule == "big"
