@@ -82,7 +82,7 @@ class JobRuleListView(PaginatedAPIView):
             raise conflict("The job already has a rule of that name.") from exc
         return Response(RuleSerializer(rule).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=RuleSpecSerializer, responses=RuleSerializer,
+    @extend_schema(request=RuleSpecSerializer, responses=RuleSerializer, operation_id="v1_jobs_rules_update_by_name",
                    summary='Change one rule, named by "name" (or "id") in the body')
     def patch(self, request: Request, pk: int) -> Response:
         job = get_job_for_user(request.user, pk, write=True)

@@ -254,6 +254,7 @@ SPECTACULAR_SETTINGS = {
         "VersionStatusEnum": "datasets.models.VersionStatus",
         "NodeStateEnum": "jobs.models.NodeState",
         "TuningStatusEnum": "tuning.models.TuningStatus",
+        "RuleStateEnum": "jobs.models.RuleState",
     },
 }
 

@@ -5,6 +5,8 @@ per resource in a real browser."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.test import Client
 from django.urls import resolve
@@ -39,9 +41,8 @@ def resolved(schema: dict, node: dict) -> dict:
 
 
 def view_class(path: str):
-    concrete = path.replace("{id}", "1").replace("{number}", "1")
-    for name in ("name", "slug", "path"):
-        concrete = concrete.replace("{" + name + "}", "x")
+    concrete = re.sub(r"\{(\w*id|number)\}", "1", path)  # ids and numbers; names, slugs and paths below
+    concrete = re.sub(r"\{\w+\}", "x", concrete)
     return resolve(concrete).func.view_class
 
 
