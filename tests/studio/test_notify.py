@@ -248,7 +248,7 @@ def test_an_email_channel_sends_through_the_mail_backend(project):
     [message] = mail.outbox
     assert message.to == ["a@example.com", "b@example.com"] and message.from_email == "ty@example.com"
     assert message.subject == "[Trainyard acme] loss is NaN on job 7"
-    assert json.loads(message.body) == Delivery.objects.get(pk=delivery_id).payload
+    assert json.loads(str(message.body)) == Delivery.objects.get(pk=delivery_id).payload
 
 
 @override_settings(EMAIL_BACKEND="django.core.mail.backends.smtp.EmailBackend", EMAIL_HOST="127.0.0.1",
