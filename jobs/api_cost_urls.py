@@ -3,6 +3,14 @@ trainyard_site.urls."""
 
 from __future__ import annotations
 
-from django.urls import URLPattern
+from django.urls import URLPattern, path
 
-urlpatterns: list[URLPattern] = []
+from jobs import api_cost
+
+urlpatterns: list[URLPattern] = [
+    path("projects/<slug:slug>/spend/", api_cost.ProjectSpendView.as_view(), name="api-project-spend"),
+    path("projects/<slug:slug>/instance-prices/", api_cost.InstancePriceListView.as_view(),
+         name="api-project-instance-prices"),
+    path("projects/<slug:slug>/instance-prices/<str:instance_type>/", api_cost.InstancePriceDetailView.as_view(),
+         name="api-project-instance-price"),
+]

@@ -3,6 +3,11 @@ trainyard_site.urls."""
 
 from __future__ import annotations
 
-from django.urls import URLPattern
+from django.urls import URLPattern, path
 
-urlpatterns: list[URLPattern] = []
+from jobs import views_cost
+
+urlpatterns: list[URLPattern] = [
+    path("projects/<slug:slug>/spend/", views_cost.project_spend_page, name="project-spend"),
+    path("projects/<slug:slug>/prices/", views_cost.instance_prices_page, name="instance-prices"),
+]

@@ -24,6 +24,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from jobs import cost
 from jobs.models import JobAttempt, JobStatus, Node, NodeState, TrainingJob
 from jobs.transitions import transition
 
@@ -46,6 +47,7 @@ def end_attempt(job_id: int, attempt: int, *, cause: str, lost_nodes: Iterable[s
         if lost:
             JobAttempt.objects.filter(job_id=job_id, attempt=attempt, node__name__in=lost,
                                       finished_at__isnull=True).update(finished_at=now, outcome="lost")
+            cost.settle_launches(job_id, attempt)  # the lost launches' billable time ends with them
             # No agent is left on a lost node to release it; a revived node comes back idle.
             Node.objects.filter(name__in=lost, current_job_id=job_id).update(current_job=None)
         if job.status == JobStatus.STOPPING:

@@ -31,6 +31,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from jobs import cost
 from jobs.models import JobAttempt, JobStatus, Node, NodeState, TrainingJob
 from jobs.transitions import transition
 
@@ -101,9 +102,15 @@ def _try_start(job_id: int, blocked_by: dict[str, int]) -> bool:
                           lease_expires_at=now + timedelta(seconds=START_LEASE_SECONDS)):
             transaction.set_rollback(True)
             return False
+        if placement.warm_pool:
+            # The pool's warm time ends here: billed to the job that left it (jobs.cost).
+            cost.end_warm(placement.nodes, now)
+        # Each launch keeps the price in force now: a later price change never rewrites it.
+        prices = cost.snapshot_prices(job, placement.nodes)
         JobAttempt.objects.bulk_create([JobAttempt(job=job, attempt=attempt, node_rank=rank, node=node, started_at=now,
-                                                   warm_start=bool(placement.warm_pool))
-                                        for rank, node in enumerate(placement.nodes)])
+                                                   warm_start=bool(placement.warm_pool), price_per_hour=price,
+                                                   currency=currency)
+                                        for rank, (node, (price, currency)) in enumerate(zip(placement.nodes, prices, strict=True))])
         dispatch = [(node.queue, rank) for rank, node in enumerate(placement.nodes)]
         transaction.on_commit(lambda: _dispatch(job.pk, attempt, dispatch))
     return True
@@ -162,9 +169,14 @@ def warm_pool_for(job: TrainingJob) -> Placement | None:
 def expire_warm_pools() -> int:
     """Pools past their keep-alive free their nodes (the node's agent then closes its fork
     server, jobs.runner.warm)."""
-    count = (Node.objects.filter(state=NodeState.WARM, warm_until__lt=timezone.now())
+    now = timezone.now()
+    expired = Node.objects.filter(state=NodeState.WARM, warm_until__lt=now)
+    ended = cost.warm_nodes(expired)  # read first: the update clears whose pool it was
+    count = (expired.filter(pk__in=[node.node_id for node in ended])
              .update(state=NodeState.IDLE, warm_pool="", warm_until=None, warm_project=None, warm_instance_count=0,
                      warm_from_job=None))
+    if count:
+        cost.end_warm(ended, now)  # each launch's warm time runs to its pool's warm_until
     if count:
         log.info("freed %d node(s) of expired warm pools", count)
     return count
@@ -212,6 +224,7 @@ def expire_stale_leases() -> list[int]:
                 state=NodeState.IDLE, current_job=None)
             JobAttempt.objects.filter(job_id=job_id, attempt=attempt, finished_at__isnull=True).update(
                 finished_at=now, outcome="lost")
+            cost.settle_launches(job_id, attempt)
     if ended:
         log.warning("ended attempts of jobs whose agents stopped renewing their leases: %s", ended)
     return ended

@@ -186,16 +186,36 @@ class TuningJobSummarySerializer(serializers.ModelSerializer):
         return tuning.elapsed_seconds()
 
 
+class TuningCostSerializer(serializers.Serializer):
+    """The search's cost: the sum over its trials, each over its attempts and nodes, at the
+    prices each launch snapshotted (jobs.cost.tuning_cost)."""
+
+    trials = serializers.IntegerField()
+    training_time_seconds = serializers.FloatField()
+    billable_time_seconds = serializers.FloatField()
+    warm_pool_seconds = serializers.FloatField()
+    cost = serializers.DecimalField(max_digits=20, decimal_places=6)
+    cost_display = serializers.DecimalField(max_digits=20, decimal_places=2)
+    currency = serializers.CharField()
+
+
 class TuningJobSerializer(TuningJobSummarySerializer):
     """One tuning job with its trials (ordered by number). Context: "trials" (the trials)."""
 
     created_by = serializers.CharField(source="created_by.username", default=None)
     warm_start_from = serializers.PrimaryKeyRelatedField(many=True, read_only=True)
     trials = serializers.SerializerMethodField()
+    cost = serializers.SerializerMethodField()
 
     class Meta(TuningJobSummarySerializer.Meta):
         fields = [*TuningJobSummarySerializer.Meta.fields, "base_job", "parameter_ranges", "target_value",
-                  "max_runtime_seconds", "seed", "warm_start_from", "created_by", "trials"]
+                  "max_runtime_seconds", "seed", "warm_start_from", "created_by", "trials", "cost"]
+
+    @extend_schema_field(TuningCostSerializer)
+    def get_cost(self, tuning: TuningJob) -> dict[str, Any]:
+        from jobs.cost import sum_costs
+
+        return sum_costs(self.context["trials"])
 
     @extend_schema_field(TrialCountsSerializer)
     def get_trial_counts(self, tuning: TuningJob) -> dict[str, int]:

@@ -29,6 +29,7 @@ from django.db import DatabaseError, close_old_connections
 from django.utils import timezone
 
 from datasets.storage import StorageError, join_uri, object_uri
+from jobs import cost
 from jobs.models import FINISHED_STATUSES, JobAttempt, JobInput, JobStatus, Node, NodeState, TrainingJob
 from jobs.runner import artifacts
 from jobs.runner.config import RunnerConfig
@@ -333,9 +334,11 @@ class NodeRun:
         self.capture.note(f"launched {spec.processes} process(es) on node {self.claim.node.name}, {how}: "
                           f"{shlex.join(command)}")
         if self.is_leader:
-            transition(self.job_id, JobStatus.TRAINING, from_statuses=[JobStatus.STARTING],
-                       message=f"{spec.processes * spec.nnodes} process(es) on {spec.nnodes} node(s)",
-                       training_started_at=timezone.now())
+            training_at = timezone.now()
+            if transition(self.job_id, JobStatus.TRAINING, from_statuses=[JobStatus.STARTING],
+                          message=f"{spec.processes * spec.nnodes} process(es) on {spec.nnodes} node(s)",
+                          training_started_at=training_at):
+                self._cost_step(lambda: cost.mark_training(self.job_id, self.attempt, training_at))
         if self.job.keep_alive_seconds and not SHUTDOWN.is_set():
             # This node stays warm after the job: its fork server imports torch now, while
             # the job runs, so the pool's next job forks at once even when it comes the
@@ -655,6 +658,12 @@ class NodeRun:
         transition(self.job_id, JobStatus.STOPPED, from_statuses=[JobStatus.STOPPING],
                    message=f"stopped; it was also failing: {reason.splitlines()[0][:250] if reason else ''}")
 
+    def _cost_step(self, step) -> None:
+        try:
+            step()
+        except Exception:  # noqa: BLE001 - cost bookkeeping is never worth a job; jobs.cost reads around a gap
+            log.warning("job %s: could not record its cost figures", self.job_id, exc_info=True)
+
     def _end_processes(self, grace: float) -> None:
         if self.process is None:
             return
@@ -685,6 +694,8 @@ class NodeRun:
         steps = (
             lambda: JobAttempt.objects.filter(job_id=self.job_id, attempt=self.attempt, node_rank=self.node_rank)
             .update(finished_at=timezone.now(), exit_code=self.exit_code, outcome=result),
+            # Billable and training seconds and the cost, at the price snapshotted at placement.
+            lambda: cost.settle_launches(self.job_id, self.attempt),
             lambda: self._release_node(result),
         )
         for step in steps:

@@ -1,0 +1,542 @@
+"""What a job costs: prices per instance type, the per-launch snapshot, billable and
+training time, warm-pool time, a running job's projection, a project's monthly spend.
+
+    price_for(project_id, instance_type, gpus)   per node-hour of one node (GPUs included)
+    snapshot_prices(job, nodes)                  the price each launch row gets at placement
+    settle_launches(job_id, attempt)             billable/training seconds and cost once ended
+    end_warm(nodes, at)                          the warm-pool time a node then held for its job
+    job_costs(jobs) / job_cost(job)              a job's figures, summed over attempts and nodes
+    project_spend(project, month), tuning_cost(tuning_job)
+
+Precedence: the project's own InstancePrice row, then the site's (project null), then
+STUDIO_INSTANCE_PRICES; an unknown type costs 0. A launch keeps the price in force when it
+was placed (JobAttempt.price_per_hour): a later price change never rewrites a launch's cost.
+
+Billable: from the launch's start (the agent's claim; placement when it never claimed) to
+its end. Training: from the job turning Training in that attempt to the end (0 when it never
+trained). Warm: the time the node then stayed in a warm pool for the job, until the pool was
+taken by its next job or released; SageMaker bills warm pools, so it is billed here too
+(cost = (billable + warm) × price) and shown apart. Every figure is per node row: a job's
+total is the sum over its rows, i.e. × its node count. Cost is a Decimal with 6 places,
+rounded half-up; pages show it to the cent.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from functools import lru_cache
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Max, Q
+from django.utils import timezone
+
+from jobs.models import InstancePrice, JobAttempt, MetricChunk, Node, NodeState, TrainingJob
+
+SIX_PLACES = Decimal("0.000001")
+CENTS = Decimal("0.01")
+ZERO = Decimal("0")
+# The largest price a person may set (per node-hour or GPU-hour): far above any real one,
+# far below what the columns hold (14 digits, 6 places).
+MAX_PRICE = Decimal("100000")
+# Hyperparameters that say how long a run is, as steps or as epochs.
+STEP_HYPERPARAMETERS = ("max_steps", "steps", "num_steps", "total_steps")
+EPOCH_HYPERPARAMETERS = ("epochs", "num_epochs", "max_epochs")
+EPOCH_METRIC = "epoch"
+
+
+# --- prices ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SettingsPrice:
+    node: Decimal
+    gpu: Decimal
+
+
+@lru_cache(maxsize=8)
+def _parse_settings_prices(raw: str) -> dict[str, SettingsPrice]:
+    """STUDIO_INSTANCE_PRICES, parsed once per value (keyed on the text, so a test that
+    overrides the setting sees its own). {"cpu": 0.12, "gpu": {"node": 1.0, "gpu": 2.5}}."""
+    try:
+        data = json.loads(raw or "{}")
+    except ValueError as exc:
+        raise ValueError(f"STUDIO_INSTANCE_PRICES is not JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError("STUDIO_INSTANCE_PRICES must be a JSON object of instance type → price")
+    prices: dict[str, SettingsPrice] = {}
+    for kind, value in data.items():
+        if isinstance(value, dict):
+            node, gpu = value.get("node", 0), value.get("gpu", 0)
+        else:
+            node, gpu = value, 0
+        prices[str(kind)] = SettingsPrice(node=_settings_decimal(kind, node), gpu=_settings_decimal(kind, gpu))
+    return prices
+
+
+def _settings_decimal(kind: str, value: Any) -> Decimal:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"STUDIO_INSTANCE_PRICES[{kind!r}]: {value!r} is not a number")
+    try:
+        number = Decimal(str(value))
+    except InvalidOperation as exc:
+        raise ValueError(f"STUDIO_INSTANCE_PRICES[{kind!r}]: {value!r} is not a number") from exc
+    if not number.is_finite() or number < 0:
+        raise ValueError(f"STUDIO_INSTANCE_PRICES[{kind!r}]: {value!r} must be a number ≥ 0")
+    return number
+
+
+def settings_prices() -> dict[str, SettingsPrice]:
+    return _parse_settings_prices(str(settings.STUDIO_INSTANCE_PRICES or "{}"))
+
+
+def default_currency() -> str:
+    return str(getattr(settings, "STUDIO_CURRENCY", "USD") or "USD")
+
+
+@dataclass(frozen=True)
+class Price:
+    node: Decimal  # per node-hour
+    gpu: Decimal  # per GPU-hour, on top
+    currency: str
+    source: str  # "project", "site", "settings" or "none"
+
+    def per_node_hour(self, gpus: int) -> Decimal:
+        return (self.node + self.gpu * int(gpus or 0)).quantize(SIX_PLACES, rounding=ROUND_HALF_UP)
+
+
+def price_of(project_id: int | None, instance_type: str) -> Price:
+    """The price in force for the type in the project (one query)."""
+    rows = {row.project_id: row for row in InstancePrice.objects.filter(
+        Q(project_id=project_id) | Q(project__isnull=True), instance_type=instance_type)}
+    row = rows.get(project_id) if project_id is not None else None
+    if row is not None:
+        return Price(row.price_per_node_hour, row.price_per_gpu_hour, row.currency, "project")
+    if None in rows:
+        site = rows[None]
+        return Price(site.price_per_node_hour, site.price_per_gpu_hour, site.currency, "site")
+    configured = settings_prices().get(instance_type)
+    if configured is not None:
+        return Price(configured.node, configured.gpu, default_currency(), "settings")
+    return Price(ZERO, ZERO, default_currency(), "none")
+
+
+def price_for(project_id: int | None, instance_type: str, gpus: int) -> tuple[Decimal, str]:
+    """Per node-hour for one node of that type with `gpus` GPUs, and its currency."""
+    price = price_of(project_id, instance_type)
+    return price.per_node_hour(gpus), price.currency
+
+
+def snapshot_prices(job: TrainingJob, nodes: Iterable[Node]) -> list[tuple[Decimal, str]]:
+    """The price of each node's launch, in node order (one query for the lot)."""
+    price = price_of(job.project_id, job.instance_type)
+    return [(price.per_node_hour(node.gpus), price.currency) for node in nodes]
+
+
+def effective_prices(project_id: int | None) -> list[dict[str, Any]]:
+    """Every instance type with a price that applies in the project: its own, the site's,
+    the settings' — the one that wins, with where it comes from."""
+    found: dict[str, dict[str, Any]] = {}
+    for kind, configured in settings_prices().items():
+        found[kind] = {"instance_type": kind, "price_per_node_hour": configured.node, "price_per_gpu_hour": configured.gpu,
+                       "currency": default_currency(), "source": "settings", "updated_at": None, "updated_by": None}
+    rows = (InstancePrice.objects.filter(Q(project_id=project_id) | Q(project__isnull=True))
+            .select_related("updated_by").order_by("project_id"))
+    for row in sorted(rows, key=lambda r: r.project_id is not None):  # site first, the project's over it
+        found[row.instance_type] = {
+            "instance_type": row.instance_type, "price_per_node_hour": row.price_per_node_hour,
+            "price_per_gpu_hour": row.price_per_gpu_hour, "currency": row.currency,
+            "source": "site" if row.project_id is None else "project", "updated_at": row.updated_at,
+            "updated_by": row.updated_by.username if row.updated_by else None}
+    return [found[kind] for kind in sorted(found)]
+
+
+def set_project_price(*, project, instance_type: str, node: Decimal, gpu: Decimal, currency: str, user) -> InstancePrice:
+    """A project admin's price for a type (created or replaced). Launches placed from now on
+    snapshot it; launches already placed keep theirs."""
+    row, _ = InstancePrice.objects.update_or_create(
+        project=project, instance_type=instance_type,
+        defaults={"price_per_node_hour": node, "price_per_gpu_hour": gpu, "currency": currency,
+                  "updated_at": timezone.now(), "updated_by": user})
+    return row
+
+
+def remove_project_price(*, project, instance_type: str) -> bool:
+    """The project's own price goes; the site's (or the settings') applies again."""
+    deleted, _ = InstancePrice.objects.filter(project=project, instance_type=instance_type).delete()
+    return bool(deleted)
+
+
+# --- one launch's figures ------------------------------------------------------------------------
+def quantize(amount: Decimal) -> Decimal:
+    return amount.quantize(SIX_PLACES, rounding=ROUND_HALF_UP)
+
+
+def to_cents(amount: Decimal) -> Decimal:
+    return amount.quantize(CENTS, rounding=ROUND_HALF_UP)
+
+
+def _seconds(value: float) -> Decimal:
+    return Decimal(repr(round(float(value), 3)))
+
+
+def cost_of(seconds: float, price_per_hour: Decimal | None) -> Decimal:
+    """Seconds (billable + warm) at a price per node-hour, to 6 places."""
+    if not price_per_hour:
+        return quantize(ZERO)
+    return quantize(_seconds(seconds) * Decimal(price_per_hour) / Decimal(3600))
+
+
+def _between(start: datetime | None, end: datetime | None) -> float:
+    if start is None or end is None:
+        return 0.0
+    return round(max(0.0, (end - start).total_seconds()), 3)
+
+
+def launch_seconds(started_at: datetime, training_started_at: datetime | None, end: datetime) -> tuple[float, float]:
+    """(billable, training) seconds of one launch ending at `end`."""
+    billable = _between(started_at, end)
+    training = _between(max(training_started_at, started_at), end) if training_started_at else 0.0
+    return billable, min(training, billable)
+
+
+def settle_launches(job_id: int, attempt: int | None = None) -> int:
+    """Fix the billable and training seconds and the cost of the job's ended launch rows
+    that have none yet (of one attempt, or all). Compare-and-set on billable_seconds null:
+    two callers settle a row once. Returns how many rows it settled."""
+    rows = JobAttempt.objects.filter(job_id=job_id, finished_at__isnull=False, billable_seconds__isnull=True)
+    if attempt is not None:
+        rows = rows.filter(attempt=attempt)
+    settled = 0
+    for row in rows.only("pk", "started_at", "finished_at", "training_started_at", "warm_seconds", "price_per_hour"):
+        assert row.finished_at is not None
+        billable, training = launch_seconds(row.started_at, row.training_started_at, row.finished_at)
+        settled += JobAttempt.objects.filter(pk=row.pk, billable_seconds__isnull=True).update(
+            billable_seconds=billable, training_seconds=training,
+            cost=cost_of(billable + (row.warm_seconds or 0), row.price_per_hour))
+    return settled
+
+
+def mark_training(job_id: int, attempt: int, at: datetime) -> int:
+    """The attempt's rows start training now (the job turned Training in it)."""
+    return JobAttempt.objects.filter(job_id=job_id, attempt=attempt, training_started_at__isnull=True).update(
+        training_started_at=at)
+
+
+@dataclass(frozen=True)
+class WarmNode:
+    node_id: int
+    from_job_id: int | None
+    warm_until: datetime | None
+
+
+def warm_nodes(queryset) -> list[WarmNode]:
+    return [WarmNode(pk, job, until) for pk, job, until in queryset.values_list("pk", "warm_from_job_id", "warm_until")]
+
+
+def end_warm(nodes: Iterable[WarmNode | Node], at: datetime | None = None) -> int:
+    """Each node's warm-pool time ends now (taken by the pool's next job, expired, left):
+    the launch of its previous job on it gets warm_seconds = its end → min(now, warm_until),
+    and its cost again. Once per launch (warm_seconds is still 0). Returns how many rows."""
+    at = at or timezone.now()
+    changed = 0
+    for node in nodes:
+        from_job = node.warm_from_job_id if isinstance(node, Node) else node.from_job_id
+        node_id = node.pk if isinstance(node, Node) else node.node_id
+        if from_job is None:
+            continue
+        settle_launches(from_job)
+        row = (JobAttempt.objects.filter(job_id=from_job, node_id=node_id, finished_at__isnull=False)
+               .order_by("-attempt", "-finished_at").only("pk", "finished_at", "billable_seconds", "price_per_hour").first())
+        if row is None:
+            continue
+        end = min(at, node.warm_until) if node.warm_until else at
+        warm = _between(row.finished_at, end)
+        changed += JobAttempt.objects.filter(pk=row.pk, warm_seconds=0).update(
+            warm_seconds=warm, cost=cost_of((row.billable_seconds or 0) + warm, row.price_per_hour))
+    return changed
+
+
+# --- a job's figures -----------------------------------------------------------------------------
+@dataclass
+class AttemptFigures:
+    attempt: int
+    nodes: int = 0
+    billable_seconds: float = 0.0
+    training_seconds: float = 0.0
+    warm_seconds: float = 0.0
+    cost: Decimal = ZERO
+    price_per_hour: Decimal | None = None  # of node rank 0 (all nodes of a type cost the same unless GPUs differ)
+    currency: str = ""
+    running: bool = False
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "nodes": self.nodes, "billable_seconds": round(self.billable_seconds, 3),
+                "training_seconds": round(self.training_seconds, 3), "warm_seconds": round(self.warm_seconds, 3),
+                "price_per_hour": str(self.price_per_hour) if self.price_per_hour is not None else None,
+                "currency": self.currency, "cost": str(quantize(self.cost)), "running": self.running}
+
+
+ATTEMPT_FIELDS = ("job_id", "attempt", "node_rank", "node_id", "started_at", "finished_at", "training_started_at",
+                  "billable_seconds", "training_seconds", "warm_seconds", "price_per_hour", "currency", "cost")
+
+
+def job_costs(jobs: Iterable[TrainingJob], *, now: datetime | None = None, projected: bool = True) -> dict[int, dict]:
+    """{job id: job_cost figures} for many jobs in at most three queries (launch rows, warm
+    nodes, and the latest steps of the running ones)."""
+    now = now or timezone.now()
+    jobs = list(jobs)
+    by_id = {job.pk: job for job in jobs}
+    if not by_id:
+        return {}
+    rows: dict[int, list[dict]] = {pk: [] for pk in by_id}
+    for row in JobAttempt.objects.filter(job_id__in=list(by_id)).order_by("attempt", "node_rank").values(*ATTEMPT_FIELDS):
+        rows[row["job_id"]].append(row)
+    # Nodes held warm now for a job: their time so far counts, live.
+    warm_now: dict[tuple[int, int], datetime | None] = {}
+    if any(job.keep_alive_seconds for job in jobs):
+        for node_id, job_id, until in Node.objects.filter(state=NodeState.WARM, warm_from_job_id__in=list(by_id)).values_list(
+                "pk", "warm_from_job_id", "warm_until"):
+            warm_now[(job_id, node_id)] = until
+    running = [job.pk for job in jobs if not job.is_finished() and job.training_started_at]
+    steps = _latest_steps(running) if projected and running else {}
+    result = {}
+    for pk, job in by_id.items():
+        result[pk] = _figures(job, rows[pk], warm_now, steps.get(pk), now, projected=projected)
+    return result
+
+
+def job_cost(job: TrainingJob, *, now: datetime | None = None) -> dict[str, Any]:
+    """training_time_seconds, billable_time_seconds, warm_pool_seconds (each summed over
+    attempts and node rows), cost (6 places) and cost_display (cents), currency,
+    projected_cost (running jobs whose length is known, else None) and attempts."""
+    return job_costs([job], now=now)[job.pk]
+
+
+def _figures(job: TrainingJob, rows: list[dict], warm_now: dict, latest_step: int | None, now: datetime, *,
+             projected: bool) -> dict[str, Any]:
+    attempts: dict[int, AttemptFigures] = {}
+    current_price_per_second = ZERO
+    for row in rows:
+        figures = attempts.setdefault(row["attempt"], AttemptFigures(attempt=row["attempt"]))
+        ended = row["finished_at"] is not None
+        if ended and row["billable_seconds"] is not None:
+            billable, training = row["billable_seconds"], row["training_seconds"] or 0.0
+        else:
+            # Running (live), or ended but not settled yet; a launch of a finished job that
+            # never closed (its agent never ran) ends with the job.
+            end = row["finished_at"] or (job.finished_at if job.is_finished() or job.attempt != row["attempt"] else None) or now
+            billable, training = launch_seconds(row["started_at"], row["training_started_at"], end)
+            figures.running = figures.running or not ended
+        warm = row["warm_seconds"] or 0.0
+        if ended and not warm and (row["job_id"], row["node_id"]) in warm_now and row["attempt"] == job.attempt:
+            until = warm_now[(row["job_id"], row["node_id"])]
+            warm = _between(row["finished_at"], min(now, until) if until else now)
+        price = row["price_per_hour"]
+        if ended and row["cost"] is not None and warm == (row["warm_seconds"] or 0.0):
+            cost = Decimal(row["cost"])
+        else:
+            cost = cost_of(billable + warm, price)
+        if not ended and price:
+            current_price_per_second += Decimal(price) / Decimal(3600)
+        figures.nodes += 1
+        figures.billable_seconds += billable
+        figures.training_seconds += training
+        figures.warm_seconds += warm
+        figures.cost += cost
+        if figures.price_per_hour is None:
+            figures.price_per_hour = Decimal(price) if price is not None else None
+        figures.currency = figures.currency or row["currency"]
+    ordered = [attempts[number] for number in sorted(attempts)]
+    total = quantize(sum((a.cost for a in ordered), ZERO))
+    currency = next((a.currency for a in reversed(ordered) if a.currency), "") or default_currency()
+    projection = None
+    if projected and not job.is_finished() and ordered:
+        projection = _projected_cost(job, ordered, total, current_price_per_second, latest_step)
+    return {
+        "training_time_seconds": round(sum(a.training_seconds for a in ordered), 3),
+        "billable_time_seconds": round(sum(a.billable_seconds for a in ordered), 3),
+        "warm_pool_seconds": round(sum(a.warm_seconds for a in ordered), 3),
+        "cost": str(total),
+        "cost_display": str(to_cents(total)),
+        "currency": currency,
+        "projected_cost": str(projection) if projection is not None else None,
+        "attempts": [a.as_dict() for a in ordered],
+    }
+
+
+def _latest_steps(job_ids: list[int]) -> dict[int, int]:
+    """The latest step any series of each job reached (one query over the M4 chunks)."""
+    return {job_id: int(step) for job_id, step in MetricChunk.objects.filter(job_id__in=job_ids).values("job_id")
+            .annotate(step=Max("last_step")).values_list("job_id", "step") if step is not None}
+
+
+def _planned_length(job: TrainingJob) -> tuple[str, float] | None:
+    """("steps", N) or ("epochs", N) from the hyperparameters, when the run says its length."""
+    hyperparameters = job.hyperparameters or {}
+    for kind, names in (("steps", STEP_HYPERPARAMETERS), ("epochs", EPOCH_HYPERPARAMETERS)):
+        for name in names:
+            value = hyperparameters.get(name)
+            try:
+                number = float(value)  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                continue
+            if math.isfinite(number) and number > 0:
+                return kind, number
+    return None
+
+
+def _done_fraction(job: TrainingJob, latest_step: int | None) -> float | None:
+    planned = _planned_length(job)
+    if planned is None:
+        return None
+    kind, total = planned
+    if kind == "steps":
+        done = float(latest_step or 0)
+    else:
+        # Epochs: the job's "epoch" series says how far it got (its latest value).
+        chunk = (MetricChunk.objects.filter(job_id=job.pk, name=EPOCH_METRIC).order_by("-last_step")
+                 .values_list("last_value", flat=True).first())
+        if chunk is None or not math.isfinite(chunk):
+            return None
+        done = float(chunk)
+    if done <= 0:
+        return None
+    return min(1.0, done / total)
+
+
+def _projected_cost(job: TrainingJob, attempts: list[AttemptFigures], cost_so_far: Decimal, price_per_second: Decimal,
+                    latest_step: int | None) -> Decimal | None:
+    """What the job will have cost when it reaches its planned length at its step rate so
+    far: the cost so far, plus the training time still to go (the training time of all
+    its attempts, stretched by what is left of the run) at the running launches' prices.
+    None while it has not trained, cannot say its length, or has no step yet."""
+    fraction = _done_fraction(job, latest_step)
+    if fraction is None:
+        return None
+    # Wall-clock training time of the attempts (one node's: the nodes train side by side).
+    trained = sum((a.training_seconds / a.nodes) for a in attempts if a.nodes)
+    if trained <= 0:
+        return None
+    remaining = trained * (1 - fraction) / fraction
+    return quantize(cost_so_far + _seconds(remaining) * price_per_second)
+
+
+# --- a project's month, a tuning job ---------------------------------------------------------------
+def month_bounds(month: str) -> tuple[datetime, datetime]:
+    """"YYYY-MM" → [first instant, first instant of the next month) in UTC; ValueError otherwise."""
+    if len(month) != 7 or month[4] != "-" or not (month[:4].isdigit() and month[5:].isdigit()):
+        raise ValueError("Use YYYY-MM, e.g. 2026-12.")
+    year, number = int(month[:4]), int(month[5:])
+    if not 1 <= number <= 12 or year < 1970 or year > 9998:
+        raise ValueError("Use YYYY-MM with a month 01-12 and a year from 1970.")
+    start = datetime(year, number, 1, tzinfo=UTC)
+    end = datetime(year + (number == 12), number % 12 + 1, 1, tzinfo=UTC)
+    return start, end
+
+
+def current_month(now: datetime | None = None) -> str:
+    now = (now or timezone.now()).astimezone(UTC)
+    return f"{now.year:04d}-{now.month:02d}"
+
+
+def _empty_bucket(key: str, value: str) -> dict[str, Any]:
+    return {key: value, "jobs": set(), "launches": 0, "billable_seconds": 0.0, "training_seconds": 0.0,
+            "warm_seconds": 0.0, "cost": ZERO}
+
+
+def project_spend(project, month: str, *, now: datetime | None = None) -> dict[str, Any]:
+    """The project's spend in a calendar month (UTC): every launch that started in it, by
+    instance type and by the user who submitted the job (cost, billable, training and warm
+    seconds, node-hours)."""
+    now = now or timezone.now()
+    start, end = month_bounds(month)
+    rows = list(JobAttempt.objects.filter(job__project=project, started_at__gte=start, started_at__lt=end)
+                .values(*ATTEMPT_FIELDS, "job__resources", "job__created_by__username", "job__status", "job__finished_at",
+                        "job__attempt"))
+    warm_now = {(job_id, node_id): until for node_id, job_id, until in Node.objects.filter(
+        state=NodeState.WARM, warm_from_job__project=project).values_list("pk", "warm_from_job_id", "warm_until")}
+    by_type: dict[str, dict[str, Any]] = {}
+    by_user: dict[str, dict[str, Any]] = {}
+    total = _empty_bucket("month", month)
+    currency = ""
+    for row in rows:
+        billable, training, warm, cost = _row_figures(row, warm_now, now)
+        kind = str((row["job__resources"] or {}).get("instance_type", "cpu"))
+        user = row["job__created_by__username"] or "(deleted user)"
+        for bucket in (by_type.setdefault(kind, _empty_bucket("instance_type", kind)),
+                       by_user.setdefault(user, _empty_bucket("user", user)), total):
+            bucket["jobs"].add(row["job_id"])
+            bucket["launches"] += 1
+            bucket["billable_seconds"] += billable
+            bucket["training_seconds"] += training
+            bucket["warm_seconds"] += warm
+            bucket["cost"] += cost
+        currency = currency or row["currency"]
+
+    def shown(bucket: dict[str, Any]) -> dict[str, Any]:
+        cost = quantize(bucket["cost"])
+        return {**bucket, "jobs": len(bucket["jobs"]), "billable_seconds": round(bucket["billable_seconds"], 3),
+                "training_seconds": round(bucket["training_seconds"], 3), "warm_seconds": round(bucket["warm_seconds"], 3),
+                "node_hours": round((bucket["billable_seconds"] + bucket["warm_seconds"]) / 3600, 4),
+                "cost": str(cost), "cost_display": str(to_cents(cost))}
+
+    ordered = lambda buckets: sorted((shown(b) for b in buckets.values()), key=lambda b: (-Decimal(b["cost"]), str(b)))  # noqa: E731
+    return {"month": month, "start": start, "end": end, "currency": currency or default_currency(),
+            "total": {k: v for k, v in shown(total).items() if k != "month"},
+            "by_instance_type": ordered(by_type), "by_user": ordered(by_user)}
+
+
+def _row_figures(row: dict, warm_now: dict, now: datetime) -> tuple[float, float, float, Decimal]:
+    finished = row["job__status"] in ("Completed", "Stopped", "Failed")
+    if row["finished_at"] is not None and row["billable_seconds"] is not None:
+        billable, training = row["billable_seconds"], row["training_seconds"] or 0.0
+    else:
+        end = row["finished_at"] or (row["job__finished_at"] if finished or row["job__attempt"] != row["attempt"] else None) or now
+        billable, training = launch_seconds(row["started_at"], row["training_started_at"], end)
+    warm = row["warm_seconds"] or 0.0
+    key = (row["job_id"], row["node_id"])
+    if row["finished_at"] is not None and not warm and key in warm_now and row["job__attempt"] == row["attempt"]:
+        until = warm_now[key]
+        warm = _between(row["finished_at"], min(now, until) if until else now)
+    if row["cost"] is not None and warm == (row["warm_seconds"] or 0.0) and row["billable_seconds"] is not None:
+        return billable, training, warm, Decimal(row["cost"])
+    return billable, training, warm, cost_of(billable + warm, row["price_per_hour"])
+
+
+def tuning_cost(tuning_job, *, now: datetime | None = None) -> dict[str, Any]:
+    """The sum over a tuning job's trials (each summed over its attempts and nodes)."""
+    return sum_costs(TrainingJob.objects.filter(tuning_job=tuning_job), now=now)
+
+
+def sum_costs(jobs: Iterable[TrainingJob], *, now: datetime | None = None) -> dict[str, Any]:
+    """The figures of many jobs added up (a tuning job's trials)."""
+    trials = list(jobs)
+    figures = list(job_costs(trials, now=now, projected=False).values())
+    total = quantize(sum((Decimal(f["cost"]) for f in figures), ZERO))
+    currency = next((f["currency"] for f in figures if f["attempts"]), default_currency())
+    return {
+        "trials": len(trials),
+        "training_time_seconds": round(sum(f["training_time_seconds"] for f in figures), 3),
+        "billable_time_seconds": round(sum(f["billable_time_seconds"] for f in figures), 3),
+        "warm_pool_seconds": round(sum(f["warm_pool_seconds"] for f in figures), 3),
+        "cost": str(total), "cost_display": str(to_cents(total)), "currency": currency,
+    }
+
+
+def duration_words(seconds: float) -> str:
+    """1 h 02 min, 3 min 05 s, 12.3 s — for the pages."""
+    seconds = max(0.0, float(seconds or 0))
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    whole = int(round(seconds))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes:02d} min"
+    return f"{minutes} min {secs:02d} s"
+
