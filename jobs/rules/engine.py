@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import copy
 import math
+import operator
 import re
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -435,7 +436,7 @@ class Transition:
 class _Group:
     """The points of one (metric, rank) in a batch, in stream order, with their positions."""
 
-    __slots__ = ("points", "indices", "values", "steps", "times", "total")
+    __slots__ = ("points", "indices", "values", "steps", "times", "total", "max_time", "_ordered")
 
     def __init__(self) -> None:
         self.points: list[Point] = []
@@ -444,6 +445,15 @@ class _Group:
         self.steps: list[int] = []
         self.times: list[float] = []
         self.total = 0.0
+        self.max_time = -_INF
+        self._ordered: bool | None = None
+
+    def ordered(self) -> bool:
+        """Whether the steps strictly increase (the usual case), worked out once per batch."""
+        if self._ordered is None:
+            steps = self.steps
+            self._ordered = len(steps) == 1 or steps == sorted(set(steps))
+        return self._ordered
 
 
 class _Batch:
@@ -463,12 +473,17 @@ class _Batch:
         self.groups = groups
         self.min_time, self.max_time = _INF, -_INF
         for group in groups.values():
-            group.values = [_as_float(p.value) for p in group.points]
+            raw = [p.value for p in group.points]
+            try:
+                group.values = list(map(float, raw))
+            except (TypeError, ValueError, OverflowError):  # not a number: the watcher's slip, read as NaN
+                group.values = [_as_float(v) for v in raw]
+            group.total = sum(group.values)
             group.steps = [p.step for p in group.points]
             group.times = [p.time for p in group.points]
-            group.total = sum(group.values)
+            group.max_time = max(group.times)
             self.min_time = min(self.min_time, min(group.times))
-            self.max_time = max(self.max_time, max(group.times))
+            self.max_time = max(self.max_time, group.max_time)
 
 
 _last_batch: _Batch | None = None
@@ -488,7 +503,7 @@ def _as_float(value: object) -> float:
         return value
     try:
         return float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return math.nan
 
 
@@ -1007,8 +1022,7 @@ class _Budget(Evaluator):
             self._move(out, OK, now, f"within the limit {_fmt_cost(limit)} ({said})", values, None)
 
 
-_COMPARE: dict[str, Callable[[float, float], bool]] = {
-    ">": lambda a, b: a > b, ">=": lambda a, b: a >= b, "<": lambda a, b: a < b, "<=": lambda a, b: a <= b}
+_COMPARE: dict[str, Callable[[float, float], bool]] = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
 _BREACHING, _NOT_BREACHING, _MISSING = 1, 0, -1
 
 
@@ -1016,6 +1030,12 @@ class _Custom(Evaluator):
     def __init__(self, spec: dict, **kwargs: Any) -> None:
         super().__init__(spec, **kwargs)
         p = self.params
+        self._key = (p["metric"], p["rank"])
+        self._window, self._warmup = p["window"], p["warmup_steps"]
+        self._m, self._n = p["datapoints_to_alarm"], p["evaluation_periods"]
+        self._previous_window = p["compare_to"] == "previous_window"
+        self._nan_kind = {"missing": _MISSING, "breaching": _BREACHING, "notBreaching": _NOT_BREACHING}.get(
+            p["treat_missing_data"])  # None: ignore
         self._compare = _COMPARE[p["comparison"]]
         self._statistic = _statistic(p["statistic"])
         self._periods: deque[tuple[int, float]] = deque(maxlen=p["evaluation_periods"])  # (kind, compared value)
@@ -1034,16 +1054,15 @@ class _Custom(Evaluator):
                 + (f", from step {p['warmup_steps']}" if p["warmup_steps"] else "") + ")")
 
     def _on_points(self, batch: _Batch, out: list[Transition]) -> None:
-        p = self.params
-        group = batch.groups.get((p["metric"], p["rank"]))
+        group = batch.groups.get(self._key)
         if group is None:
             return
-        self._last_data_at = max(self._last_data_at, max(group.times))
+        if group.max_time > self._last_data_at:
+            self._last_data_at = group.max_time
         steps, values, times = group.steps, group.values, group.times
-        last_step, warmup = self._last_step, p["warmup_steps"]
-        if steps[0] > last_step and steps[0] >= warmup and (len(steps) == 1 or steps == sorted(set(steps))):
-            keep = None  # the usual case: every point new, in order, after the warm-up
-        else:
+        last_step, warmup = self._last_step, self._warmup
+        if not (steps[0] > last_step and steps[0] >= warmup and group.ordered()):
+            # A replay, an out-of-order point or the warm-up in this batch: keep the new steps only.
             keep = []
             for position, step in enumerate(steps):
                 if step > last_step and step >= warmup:
@@ -1053,72 +1072,91 @@ class _Custom(Evaluator):
                 return
             steps, values, times = [steps[i] for i in keep], [values[i] for i in keep], [times[i] for i in keep]
         self._last_step = steps[-1]
-        window, buffer, position = p["window"], self._buffer, 0
-        need = window - len(buffer)
+        ends: list[int] | None = None  # where each period closes; None: every point closes one (window 1)
+        statistics = values if self._window == 1 else self._close_periods(values, ends := [])
+        offset = 0
+        if self._previous_window and statistics:
+            previous = self._previous
+            if previous is None:  # the very first period only sets the base
+                previous, statistics, offset = statistics[0], statistics[1:], 1
+                if ends is not None:
+                    ends, offset = ends[1:], 0
+            changes = []
+            for statistic in statistics:
+                changes.append(_relative_change(statistic, previous))
+                previous = statistic
+            self._previous = previous
+            statistics = changes
+        if statistics:
+            self._datapoints(statistics, steps, times, ends, offset, out, "")
+
+    def _close_periods(self, values: list[float], ends: list[int]) -> list[float]:
+        """The statistics of the periods `values` closes (with what the last batch left open)."""
+        window, buffer, statistic = self._window, self._buffer, self._statistic
+        position, need, statistics = 0, window - len(buffer), []
         while len(values) - position >= need:
             end = position + need
-            chunk = values[position:end] if not buffer else buffer + values[position:end]
-            buffer.clear()
-            self._close_period(chunk, steps[end - 1], times[end - 1], out)
+            chunk = buffer + values[position:end] if buffer else values[position:end]
+            buffer = []
+            if not _isfinite(sum(chunk)):
+                chunk = [v for v in chunk if v == v]  # NaN values are dropped; ±Inf stay numbers
+            statistics.append(statistic(chunk) if chunk else math.nan)
+            ends.append(end - 1)
             position, need = end, window
-        buffer.extend(values[position:])
+        self._buffer = buffer + values[position:]
+        return statistics
 
-    def _close_period(self, chunk: list[float], step: int, at: float, out: list[Transition]) -> None:
-        if not _isfinite(sum(chunk)):
-            chunk = [v for v in chunk if v == v]  # NaN values are dropped; ±Inf stay numbers
-        statistic = self._statistic(chunk) if chunk else math.nan
-        if self.params["compare_to"] == "previous_window":
-            previous, self._previous = self._previous, statistic
-            if previous is None:
-                return  # the first period only sets the base
-            compared = _relative_change(statistic, previous)
-        else:
-            compared = statistic
-        if compared != compared:
-            self._missing_datapoint(at, step, out, f"the {self.params['statistic']} of {self.params['metric']} had no value")
-            return
-        kind = _BREACHING if self._compare(compared, self.params["threshold"]) else _NOT_BREACHING
-        self._push(kind, compared, at, step, out)
+    def _datapoints(self, compared: list[float], steps: Sequence[int | None], times: Sequence[float],
+                    ends: list[int] | None, offset: int, out: list[Transition], why: str) -> None:
+        """Push datapoints (NaN: missing, per treat_missing_data) and move on "M of N"."""
+        threshold, compare, nan_kind = self.params["threshold"], self._compare, self._nan_kind
+        periods, m, n = self._periods, self._m, self._n
+        breaching, missing = self._breaching, self._missing
+        for position, value in enumerate(compared):
+            if value != value:
+                if nan_kind is None:
+                    continue
+                kind = nan_kind
+            else:
+                kind = _BREACHING if compare(value, threshold) else _NOT_BREACHING
+            if len(periods) == n:
+                old = periods[0][0]
+                if old == _BREACHING:
+                    breaching -= 1
+                elif old == _MISSING:
+                    missing -= 1
+            periods.append((kind, value))
+            if kind == _BREACHING:
+                breaching += 1
+            elif kind == _MISSING:
+                missing += 1
+            if breaching >= m:
+                to_state = ALARM
+            elif len(periods) < n:
+                continue  # fewer than N datapoints and not M breaching: too early to say OK
+            elif missing == n:
+                to_state = INSUFFICIENT_DATA
+            else:
+                to_state = OK
+            if to_state != self.state:
+                self._breaching, self._missing = breaching, missing
+                at = ends[position] if ends is not None else position + offset
+                self._report(to_state, value, steps[at], times[at], out, why)
+        self._breaching, self._missing = breaching, missing
 
-    def _missing_datapoint(self, at: float, step: int | None, out: list[Transition], why: str) -> None:
-        policy = self.params["treat_missing_data"]
-        if policy == "ignore":
-            return
-        kind = {"missing": _MISSING, "breaching": _BREACHING, "notBreaching": _NOT_BREACHING}[policy]
-        self._push(kind, math.nan, at, step, out, why)
-
-    def _push(self, kind: int, compared: float, at: float, step: int | None, out: list[Transition], why: str = "") -> None:
-        periods = self._periods
-        if len(periods) == periods.maxlen:
-            old = periods[0][0]
-            self._breaching -= old == _BREACHING
-            self._missing -= old == _MISSING
-        periods.append((kind, compared))
-        self._breaching += kind == _BREACHING
-        self._missing += kind == _MISSING
-        p = self.params
-        m, n = p["datapoints_to_alarm"], p["evaluation_periods"]
-        if self._breaching >= m:
-            to_state = ALARM
-        elif len(periods) < n:
-            return  # fewer than N datapoints and not M breaching: too early to say OK
-        elif self._missing == n:
-            to_state = INSUFFICIENT_DATA
-        else:
-            to_state = OK
-        if to_state == self.state:
-            return
+    def _report(self, to_state: str, compared: float, step: int | None, at: float, out: list[Transition], why: str) -> None:
+        p, periods = self.params, self._periods
+        m, n = self._m, self._n
+        if compared != compared and not why:
+            why = f"the {p['statistic']} of {p['metric']} had no value at step {step}"
         quantity = (f"the change of the {p['statistic']} of {p['metric']} from the previous window"
-                    if p["compare_to"] == "previous_window" else f"the {p['statistic']} of {p['metric']}")
-        per = f"over {p['window']} point(s)"
-        latest = f"latest {_fmt(compared)}" + (f" at step {step}" if step is not None else "")
-        if why:
-            latest = f"{why}; {latest}" if compared == compared else why
+                    if self._previous_window else f"the {p['statistic']} of {p['metric']}")
+        latest = why if compared != compared else f"latest {_fmt(compared)}" + (f" at step {step}" if step is not None else "")
         if to_state == INSUFFICIENT_DATA:
             reason = f"no datapoint in the last {n} period(s): {why or 'missing data'}"
         else:
             reason = (f"{self._breaching} of the last {len(periods)} datapoints breached ({m} of {n} alarm): {quantity} "
-                      f"{per} {p['comparison']} {_fmt(p['threshold'])} ({latest})")
+                      f"over {p['window']} point(s) {p['comparison']} {_fmt(p['threshold'])} ({latest})")
         self._move(out, to_state, at, reason,
                    {"metric": p["metric"], "statistic": p["statistic"], "comparison": p["comparison"],
                     "threshold": p["threshold"], "compare_to": p["compare_to"],
@@ -1135,8 +1173,8 @@ class _Custom(Evaluator):
         periods = int(silent // every)
         self._last_data_at += periods * every
         why = f"no point of {self.params['metric']} for {_fmt(round(silent))} s (a period is missing after {_fmt(every)} s)"
-        for _ in range(min(periods, self.params["evaluation_periods"])):
-            self._missing_datapoint(now, None, out, why)
+        count = min(periods, self._n)
+        self._datapoints([math.nan] * count, [None] * count, [now] * count, None, 0, out, why)
 
 
 _EVALUATORS: dict[str, type[Evaluator]] = {
