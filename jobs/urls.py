@@ -3,7 +3,7 @@ trainyard_site.urls (the job pages live under /jobs/, the nodes page at /nodes/)
 
 from django.urls import path
 
-from jobs import views, views_datasets, views_delete, views_nodes
+from jobs import views, views_alarms, views_datasets, views_delete, views_nodes
 
 urlpatterns = [
     path("jobs/", views.job_list, name="job-list"),
@@ -15,4 +15,5 @@ urlpatterns = [
     path("jobs/<int:pk>/delete/", views_delete.job_delete, name="job-delete"),
     path("jobs/by-dataset/<int:pk>/", views_datasets.dataset_jobs, name="dataset-jobs"),
     path("nodes/", views_nodes.nodes, name="nodes"),
+    path("alarms/", views_alarms.alarms, name="alarms"),
 ]

@@ -21,6 +21,7 @@ SECTIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("Overview", "overview", ("overview",)),
     ("Datasets", "dataset-list", ("dataset-",)),
     ("Jobs", "job-list", ("job-",)),
+    ("Alarms", "alarms", ("alarms",)),
     ("Tuning", "tuning", ("tuning",)),
     ("Models", "models", ("model",)),
     ("Review", "review-inbox", ("review-",)),

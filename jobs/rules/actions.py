@@ -33,6 +33,8 @@ def take_actions(rule: JobRule, row: AlarmTransition, t: Transition) -> list[dic
     into_alarm = t.to_state == ALARM and t.from_state != ALARM
     if into_alarm:
         note(rule.job_id, f"rule {rule.name}: ALARM: {t.reason}")
+    elif t.from_state == ALARM and t.to_state != ALARM:
+        note(rule.job_id, f"rule {rule.name}: {t.to_state} again: {t.reason}")
     if not t.fire:
         return [{"type": "none", "reason": "inside the rule's cool-down"}] if rule.actions else []
     for action in rule.actions:

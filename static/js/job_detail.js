@@ -42,7 +42,34 @@
     document.getElementById("charts-empty").hidden = true;
     window.Plotly.newPlot(div, [], baseLayout(), shared.CHART_CONFIG);
     charts[name] = { div: div, traces: {}, last: {} };
+    applyMarks(name);
     return charts[name];
+  }
+
+  // --- where a rule went into ALARM, marked on the charts (the Rules panel's #rule-marks) ------
+  function ruleMarks() {
+    var node = document.getElementById("rule-marks");
+    try { return node ? JSON.parse(node.textContent) || [] : []; } catch (e) { return []; }
+  }
+
+  function applyMarks(name) {
+    var chart = charts[name];
+    if (!chart) return;
+    var marks = ruleMarks().filter(function (m) {
+      return m.to === "ALARM" && m.step !== null && (!m.metric || m.metric === name);
+    });
+    if (!marks.length && !chart.marked) return;
+    chart.marked = marks.length > 0;
+    window.Plotly.relayout(chart.div, {
+      shapes: marks.map(function (m) {
+        return { type: "line", xref: "x", yref: "paper", x0: m.step, x1: m.step, y0: 0, y1: 1,
+                 line: { color: "#bd2b2b", width: 1, dash: "dot" } };
+      }),
+      annotations: marks.map(function (m) {
+        return { x: m.step, xref: "x", y: 1, yref: "paper", yanchor: "bottom", showarrow: false,
+                 text: escapeLabel(m.rule), hovertext: escapeLabel(m.reason), font: { size: 10, color: "#bd2b2b" } };
+      }),
+    });
   }
 
   function metricOrder(a, b) {
@@ -330,9 +357,11 @@
   // --- status, stop -----------------------------------------------------------------------------
   // Re-read the page and swap the regions that depend on the status (header, status area,
   // side panels) on each status change.
-  var refreshRegions = shared.regionRefresher(live.urls.page);
+  var refreshRegions = shared.regionRefresher(live.urls.page, function () { Object.keys(charts).forEach(applyMarks); });
 
   function onStatus(payload) {
+    // A rule's alarm (or its clearing) is a timeline note: the Rules panel and the chart marks change.
+    if (payload.message && payload.message.indexOf("rule ") === 0) refreshRegions();
     // Every (re)connection starts with the current status: only a change needs a refresh.
     if (payload.status === live.status && !payload.final) return;
     live.status = payload.status;

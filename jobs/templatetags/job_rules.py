@@ -1,0 +1,51 @@
+"""`{% job_rules_panel job %}`: the job's rules with their states, and the events strip of
+their transitions (the charts mark where an alarm fired from the same data)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import template
+from django.template.loader import render_to_string
+from django.utils.safestring import SafeString, mark_safe
+
+from jobs.models import AlarmTransition, JobRule, RuleState, TrainingJob
+
+register = template.Library()
+
+STRIP_LENGTH = 30
+STATE_BADGES = {RuleState.OK: "green", RuleState.ALARM: "red", RuleState.INSUFFICIENT_DATA: "grey"}
+
+
+def action_words(actions: list[dict]) -> str:
+    words = []
+    for action in actions or []:
+        kind = action.get("type", "")
+        if kind == "notify" and action.get("channels"):
+            words.append(f"notify {', '.join(action['channels'])}")
+        elif kind == "tag":
+            words.append(f"tag {action.get('tag') or ''}".strip())
+        else:
+            words.append(kind)
+    return ", ".join(words) or "state only"
+
+
+def _metric_of(t: AlarmTransition) -> str | None:
+    """The metric the transition is about (the charts mark it there; None: on every chart)."""
+    values = t.values if isinstance(t.values, dict) else {}
+    metric = values.get("metric") or (t.rule.parameters or {}).get("metric")
+    return metric if isinstance(metric, str) else None
+
+
+@register.simple_tag
+def job_rules_panel(job: TrainingJob) -> SafeString:
+    rules = list(JobRule.objects.filter(job=job).order_by("pk"))
+    transitions = list(AlarmTransition.objects.filter(job=job).select_related("rule").order_by("-at", "-pk")[:STRIP_LENGTH])
+    marks: list[dict[str, Any]] = [
+        {"rule": t.rule.name, "to": t.to_state, "from": t.from_state, "step": t.step, "at": t.at.isoformat(),
+         "reason": t.reason[:300], "metric": _metric_of(t)}
+        for t in reversed(transitions) if t.to_state == RuleState.ALARM or t.from_state == RuleState.ALARM]
+    rows = [{"rule": r, "badge": STATE_BADGES.get(r.state, "grey"), "actions": action_words(r.actions)} for r in rules]
+    return mark_safe(render_to_string("jobs/_rules.html", {  # noqa: S308 - the template escapes every value
+        "job": job, "rows": rows, "transitions": transitions, "marks": marks,
+        "firing": sum(1 for r in rules if r.state == RuleState.ALARM and r.enabled)}))

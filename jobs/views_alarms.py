@@ -1,0 +1,45 @@
+"""The Alarms page: every rule in ALARM across the projects the viewer reads (the project
+switcher narrows it), newest first, with what fired and when; `?state=` shows the rules in
+another state (OK, INSUFFICIENT_DATA) and `?all=1` includes finished jobs."""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+
+from jobs.models import FINISHED_STATUSES, AlarmTransition, JobRule, RuleState
+from jobs.templatetags.job_rules import STATE_BADGES, action_words
+from studio.models import Project
+from studio.views import current_project, page
+
+SHOWN = 200
+
+
+@page
+def alarms(request: HttpRequest) -> HttpResponse:
+    state = request.GET.get("state") or RuleState.ALARM
+    if state not in RuleState.values:
+        state = RuleState.ALARM
+    include_finished = request.GET.get("all") == "1"
+    project = current_project(request)
+    projects = Project.objects.readable_by(request.user)
+    rules = JobRule.objects.filter(job__project__in=projects, state=state, enabled=True)
+    if project is not None:
+        rules = rules.filter(job__project=project)
+    if not include_finished:
+        rules = rules.exclude(job__status__in=FINISHED_STATUSES)
+    rows = list(rules.select_related("job", "job__project").order_by("-state_changed_at", "-pk")[:SHOWN + 1])
+    recent = (AlarmTransition.objects.filter(job__project__in=projects, to_state=RuleState.ALARM)
+              .select_related("rule", "job", "job__project").order_by("-at", "-pk"))
+    if project is not None:
+        recent = recent.filter(job__project=project)
+    return render(request, "jobs/alarms.html", {
+        "rows": [{"rule": r, "badge": STATE_BADGES.get(r.state, "grey"), "actions": action_words(r.actions)}
+                 for r in rows[:SHOWN]],
+        "more": len(rows) > SHOWN,
+        "recent": list(recent[:20]),
+        "state": state,
+        "states": RuleState.values,
+        "include_finished": include_finished,
+        "project": project,
+    })

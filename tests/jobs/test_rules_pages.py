@@ -1,0 +1,56 @@
+"""The rules on the job page, the events strip and the Alarms page (Django's test client)."""
+
+from __future__ import annotations
+
+from django.utils import timezone
+
+from jobs.models import AlarmTransition, JobRule, JobStatus, RuleState
+from tests.factories import make_job
+
+
+def _firing(job, name="hot", reason="loss was NaN at step 8 <script>alert(1)</script>"):
+    rule = JobRule.objects.create(job=job, name=name, type="non_finite", state=RuleState.ALARM, state_reason=reason,
+                                  state_changed_at=timezone.now(), actions=[{"type": "stop"}])
+    AlarmTransition.objects.create(rule=rule, job=job, from_state="OK", to_state="ALARM", step=8, reason=reason,
+                                   values={"metric": "loss", "value": "NaN", "step": 8},
+                                   actions_taken=[{"type": "stop", "result": "requested"}])
+    return rule
+
+
+def test_the_job_page_shows_its_rules_the_strip_and_why_it_stopped(client, owner, project):
+    job = make_job(project, name="diverged", submitted=True, status=JobStatus.STOPPED, stop_reason="RuleTriggered",
+                   stop_rule="hot", finished_at=timezone.now())
+    _firing(job)
+    JobRule.objects.create(job=job, name="quiet", type="stalled", state=RuleState.INSUFFICIENT_DATA,
+                           state_reason="waiting for data")
+    client.force_login(owner)
+    html = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert 'id="rules-panel"' in html and 'data-rule="hot"' in html and 'data-rule="quiet"' in html
+    assert 'id="stop-rule">hot<' in html and "RuleTriggered" in html
+    assert 'id="rule-events"' in html and "at step 8" in html and "stop requested" in html
+    assert "<script>alert(1)</script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert 'id="rule-marks"' in html  # the charts' marks
+
+
+def test_the_alarms_page_lists_what_is_firing_in_readable_projects_only(client, owner, outsider, project, other_project):
+    mine = make_job(project, name="mine", submitted=True, status=JobStatus.TRAINING, started_at=timezone.now())
+    theirs = make_job(other_project, name="theirs", submitted=True, status=JobStatus.TRAINING, started_at=timezone.now())
+    _firing(mine)
+    _firing(theirs, name="secret-rule")
+    JobRule.objects.create(job=mine, name="calm", type="stalled", state=RuleState.OK)
+    client.force_login(owner)
+    html = client.get("/alarms/").content.decode()
+    assert 'data-rule="hot"' in html and "mine" in html
+    assert "secret-rule" not in html and "theirs" not in html and 'data-rule="calm"' not in html
+    assert "&lt;script&gt;" in html and "<script>alert(1)" not in html
+    ok = client.get("/alarms/?state=OK").content.decode()
+    assert 'data-rule="calm"' in ok and 'data-rule="hot"' not in ok
+    assert client.get("/alarms/?state=<bad>").status_code == 200
+    client.force_login(outsider)
+    assert 'data-rule="secret-rule"' in client.get("/alarms/").content.decode()
+
+
+def test_the_alarms_page_says_when_nothing_fires(client, owner):
+    client.force_login(owner)
+    html = client.get("/alarms/").content.decode()
+    assert 'id="alarms-empty"' in html and "Nothing is firing" in html
