@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 from datetime import timedelta
 
 import pytest
@@ -178,6 +179,19 @@ def test_an_empty_studio_still_answers(db):
     families = scrape()
     assert families["trainyard_rules"] == {(("state", s),): 0.0 for s in RuleState.values}
     assert families["trainyard_jobs"] == {} and families["trainyard_nodes"] == {}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_real_http_scrape_parses(live_server, project):
+    """What `curl http://studio/metrics` gets, over a socket (from loopback: allowed)."""
+    make_job(project, "over-http", JobStatus.PENDING)
+    with urllib.request.urlopen(f"{live_server.url}/metrics", timeout=30) as response:
+        assert response.status == 200 and response.headers["Content-Type"] == CONTENT_TYPE_LATEST
+        text = response.read().decode()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    assert samples[("trainyard_queue_depth", (("instance_type", "cpu"),))] == 1
+    assert samples[("trainyard_jobs", (("instance_type", "cpu"), ("status", "Pending")))] == 1
 
 
 # --- the flushers' own figures ---------------------------------------------------------------
