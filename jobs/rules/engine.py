@@ -457,11 +457,12 @@ class _Group:
 
 
 class _Batch:
-    __slots__ = ("source", "length", "groups", "min_time", "max_time")
+    __slots__ = ("source", "length", "first", "last", "groups", "min_time", "max_time")
 
     def __init__(self, points: Sequence[Point]) -> None:
         self.source = points
         self.length = len(points)
+        self.first, self.last = points[0], points[-1]
         groups: dict[tuple[str, int], _Group] = {}
         for index, point in enumerate(points):
             key = (point.name, point.rank)
@@ -493,7 +494,9 @@ def _batch_of(points: Sequence[Point]) -> _Batch:
     """The grouping of `points`, shared by every rule the watcher hands the same batch."""
     global _last_batch
     batch = _last_batch
-    if batch is None or batch.source is not points or batch.length != len(points):
+    # The same list object refilled in place (a reused buffer) holds new Point objects: compare its ends too.
+    if (batch is None or batch.source is not points or batch.length != len(points)
+            or batch.first is not points[0] or batch.last is not points[-1]):
         batch = _last_batch = _Batch(points)
     return batch
 
@@ -532,6 +535,8 @@ class Evaluator:
 
     def observe(self, points: Sequence[Point]) -> list[Transition]:
         out = self._take_pending()
+        if not isinstance(points, list | tuple):
+            points = list(points)
         if self.finished or not self.enabled or not points:
             return out
         batch = _batch_of(points)
@@ -565,9 +570,9 @@ class Evaluator:
                 seen = list(self._seen)
                 reason = (f"the job ended before this rule got data: it waited for {self.waiting_for()}; "
                           f"the job reported {_listing(seen, 'and') if seen else 'no metric points'}")
-                out.append(Transition(INSUFFICIENT_DATA, INSUFFICIENT_DATA, float(now), reason + ".",
+                out.append(Transition(INSUFFICIENT_DATA, INSUFFICIENT_DATA, float(now), reason,
                                       {"wanted": wanted, "seen": seen, "never_got_data": True}, None))
-                self.reason = reason + "."
+                self.reason = reason
             return out
         self._on_tick(float(now), cost, projected_cost, first_step_at, out)
         return out
@@ -603,6 +608,8 @@ class Evaluator:
         """Record a change of state (nothing when `to_state` is the state already)."""
         if to_state == self.state:
             return
+        if not _isfinite(at):  # a point without a usable time (the watcher's slip): date it at the start
+            at = self.started_at
         fire = True
         if to_state == ALARM:
             if self.last_fired_at is not None and at - self.last_fired_at < self.cooldown_seconds:
@@ -698,7 +705,7 @@ class _LossNotDecreasing(Evaluator):
             if to_state != self.state:
                 verdict = "less than" if to_state == ALARM else "at least"
                 self._move(out, to_state, point.time,
-                           f"{metric} changed by {_fmt(-decrease)} % over the last {num_steps} points (steps {old_step} → "
+                           f"{metric} changed by {_fmt(-decrease + 0.0)} % over the last {num_steps} points (steps {old_step} → "
                            f"{step}, {_fmt(old_value)} → {_fmt(value)}): a decrease {verdict} {_fmt(diff_percent)} %",
                            {"metric": metric, "step": step, "value": value, "previous_step": old_step,
                             "previous_value": old_value, "decrease_percent": decrease, "diff_percent": diff_percent}, step)
@@ -953,7 +960,7 @@ class _StepOutlier(Evaluator):
         self._previous: tuple[int, float] | None = None
 
     def waiting_for(self) -> str:
-        return f"{self.params['min_steps'] + 1} points of {self.params['metric']} (rank 0) to measure step times"
+        return f"{self.params['min_steps'] + 2} points of {self.params['metric']} (rank 0) to measure step times"
 
     def wanted_metrics(self) -> list[str]:
         return [self.params["metric"]]
@@ -1007,8 +1014,10 @@ class _Budget(Evaluator):
     def _on_tick(self, now: float, cost: float | None, projected_cost: float | None, first_step_at: float | None,
                  out: list[Transition]) -> None:
         limit, use_projection = self.params["limit"], self.params["projected"]
-        cost = None if cost is None or not _isfinite(cost) else float(cost)
-        projected = None if projected_cost is None or not _isfinite(projected_cost) else float(projected_cost)
+        cost = None if cost is None else _as_float(cost)
+        projected = None if projected_cost is None else _as_float(projected_cost)
+        cost = cost if cost is not None and _isfinite(cost) else None
+        projected = projected if projected is not None and _isfinite(projected) else None
         if cost is None and (projected is None or not use_projection):
             return
         values = {"cost": cost, "projected_cost": projected, "limit": limit, "projected": use_projection}

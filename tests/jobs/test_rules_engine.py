@@ -120,7 +120,7 @@ def test_loss_not_decreasing_plateau_fires_num_steps_into_it():
     transitions = ev.observe(curve("train_loss", values))
     # Step 59 still compares with step 49 (1/49 → 1/50, a 2 % fall); step 60 with step 50 (0 %).
     assert steps_and_states(transitions) == [(11, OK), (60, ALARM)]
-    assert "0 % over the last 10 points (steps 50 → 60" in transitions[1].reason
+    assert "changed by 0 % over the last 10 points (steps 50 → 60, 0.02 → 0.02)" in transitions[1].reason
     assert transitions[1].values["decrease_percent"] == 0.0
     # The same curve point by point gives the same transitions.
     assert steps_and_states(feed_one_by_one(make("loss_not_decreasing"), curve("train_loss", values))) == [(11, OK), (60, ALARM)]
@@ -677,6 +677,26 @@ def test_odd_points_never_raise():
         transitions = ev.observe(odd) + ev.observe_gpu([GpuSample("h", 0, math.nan, T0)]) + ev.tick(T0 + 1e9, cost=math.nan)
         assert_json_safe(transitions)
         ev.tick(T0 + 2e9, finished=True)
+
+
+def test_a_batch_list_refilled_in_place_is_grouped_again_and_iterables_work():
+    rule = {"type": "custom", "parameters": {"metric": "m", "threshold": 1.0}}
+    first, second = make(rule), make(rule)
+    buffer = curve("m", {1: 0.0, 2: 0.0})
+    assert steps_and_states(first.observe(buffer)) == [(1, OK)]
+    buffer[:] = curve("m", {3: 5.0, 4: 5.0})  # the watcher reuses its list: same object, same length
+    assert steps_and_states(first.observe(buffer)) == [(3, ALARM)]
+    assert steps_and_states(second.observe(buffer)) == [(3, ALARM)]
+    assert steps_and_states(first.observe(p for p in curve("m", {5: 0.0}))) == [(5, OK)]
+
+
+def test_budget_takes_decimal_costs():
+    from decimal import Decimal
+
+    ev = make({"type": "budget", "parameters": {"limit": 100, "projected": False}})
+    [alarm] = ev.tick(T0, cost=Decimal("100.01"))
+    assert alarm.to_state == ALARM and alarm.values["cost"] == 100.01
+    assert alarm.reason == "cost passes the limit 100.00 (cost 100.01)"
 
 
 # --- speed (printed, not asserted) -----------------------------------------------------------
