@@ -321,6 +321,7 @@ def _figures(job: TrainingJob, rows: list[dict], warm_now: dict, latest_step: in
              projected: bool) -> dict[str, Any]:
     attempts: dict[int, AttemptFigures] = {}
     current_price_per_second = ZERO
+    gang_ends = _gang_ends(rows)
     for row in rows:
         figures = attempts.setdefault(row["attempt"], AttemptFigures(attempt=row["attempt"]))
         ended = row["finished_at"] is not None
@@ -329,7 +330,8 @@ def _figures(job: TrainingJob, rows: list[dict], warm_now: dict, latest_step: in
         else:
             # Running (live), or ended but not settled yet; a launch of a finished job that
             # never closed (its agent never ran) ends with the job.
-            end = row["finished_at"] or (job.finished_at if job.is_finished() or job.attempt != row["attempt"] else None) or now
+            end = row["finished_at"] or _open_launch_end(row, job.attempt, job.finished_at if job.is_finished() else None,
+                                                         gang_ends, now)
             billable, training = launch_seconds(row["started_at"], row["training_started_at"], end)
             figures.running = figures.running or not ended
         warm = row["warm_seconds"] or 0.0
@@ -367,6 +369,26 @@ def _figures(job: TrainingJob, rows: list[dict], warm_now: dict, latest_step: in
         "projected_cost": str(projection) if projection is not None else None,
         "attempts": [a.as_dict() for a in ordered],
     }
+
+
+def _gang_ends(rows: list[dict]) -> dict[tuple[int, int], datetime]:
+    """{(job, attempt): the latest end among its launches that ended}."""
+    ends: dict[tuple[int, int], datetime] = {}
+    for row in rows:
+        if row["finished_at"] is not None:
+            key = (row["job_id"], row["attempt"])
+            ends[key] = max(ends.get(key, row["finished_at"]), row["finished_at"])
+    return ends
+
+
+def _open_launch_end(row: dict, job_attempt: int, job_finished_at: datetime | None, gang_ends: dict,
+                     now: datetime) -> datetime:
+    """When a launch that was never closed stops counting: now while its attempt is the
+    job's running one; else (a node that vanished and was never swept, an agent that never
+    ran) when the rest of its gang ended, or the job did."""
+    if row["attempt"] == job_attempt and job_finished_at is None:
+        return now
+    return gang_ends.get((row["job_id"], row["attempt"])) or job_finished_at or now
 
 
 def _latest_steps(job_ids: list[int]) -> dict[int, int]:
@@ -464,8 +486,9 @@ def project_spend(project, month: str, *, now: datetime | None = None) -> dict[s
     by_user: dict[str, dict[str, Any]] = {}
     total = _empty_bucket("month", month)
     currency = ""
+    gang_ends = _gang_ends(rows)
     for row in rows:
-        billable, training, warm, cost = _row_figures(row, warm_now, now)
+        billable, training, warm, cost = _row_figures(row, warm_now, now, gang_ends)
         kind = str((row["job__resources"] or {}).get("instance_type", "cpu"))
         user = row["job__created_by__username"] or "(deleted user)"
         for bucket in (by_type.setdefault(kind, _empty_bucket("instance_type", kind)),
@@ -491,12 +514,13 @@ def project_spend(project, month: str, *, now: datetime | None = None) -> dict[s
             "by_instance_type": ordered(by_type), "by_user": ordered(by_user)}
 
 
-def _row_figures(row: dict, warm_now: dict, now: datetime) -> tuple[float, float, float, Decimal]:
+def _row_figures(row: dict, warm_now: dict, now: datetime, gang_ends: dict) -> tuple[float, float, float, Decimal]:
     finished = row["job__status"] in ("Completed", "Stopped", "Failed")
     if row["finished_at"] is not None and row["billable_seconds"] is not None:
         billable, training = row["billable_seconds"], row["training_seconds"] or 0.0
     else:
-        end = row["finished_at"] or (row["job__finished_at"] if finished or row["job__attempt"] != row["attempt"] else None) or now
+        end = row["finished_at"] or _open_launch_end(row, row["job__attempt"], row["job__finished_at"] if finished else None,
+                                                     gang_ends, now)
         billable, training = launch_seconds(row["started_at"], row["training_started_at"], end)
     warm = row["warm_seconds"] or 0.0
     key = (row["job_id"], row["node_id"])

@@ -390,3 +390,15 @@ def test_roles_for_a_price_are_checked_before_the_body(project, owner, client_fo
     response = client_for(viewer).put("/api/v1/projects/acme/instance-prices/cpu/", {"price_per_node_hour": -1},
                                       format="json")
     assert response.status_code == 403
+
+
+def test_a_launch_never_closed_after_its_gang_moved_on_ends_with_its_gang(project):
+    # A peer killed mid-attempt whose row the lost-node sweep never reached (the job had been
+    # placed again first): it stops counting when its gang's other launches ended.
+    job = _job(project, nodes=2, status=JobStatus.TRAINING, attempt=2)
+    _launch(job, attempt=1, rank=0, start=T0, end=T0 + timedelta(seconds=300), price="3600")
+    _launch(job, attempt=1, rank=1, start=T0, price="3600")
+    cost.settle_launches(job.pk)
+    figures = cost.job_cost(job, now=T0 + timedelta(days=1))
+    assert figures["attempts"][0]["billable_seconds"] == 600
+    assert figures["cost"] == "600.000000"

@@ -1,0 +1,161 @@
+"""The cost on the pages: the job page's cost block (cost, billable and training time,
+warm apart, per attempt, the projection while running), the tuning job page's sum, a
+project's spend page (month picker, by type and by user, user text escaped) and the prices
+page where admins set prices (form errors for bad input)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from jobs import cost
+from jobs.models import InstancePrice, JobAttempt, JobStatus, MetricChunk, TrainingJob
+from studio.models import Role
+from tests.factories import make_member, password_of
+
+pytestmark = pytest.mark.django_db
+
+
+def _signed_in(user) -> Client:
+    client = Client()
+    assert client.login(username=user.username, password=password_of(user.username))
+    return client
+
+
+def _job(project, user=None, **fields) -> TrainingJob:
+    return TrainingJob.objects.create(project=project, name=f"j-{uuid.uuid4().hex[:6]}", script_uri="file:///x.py",
+                                      entry_point="x.py", created_by=user,
+                                      resources={"instance_type": "cpu", "instance_count": 1, "processes_per_node": 1},
+                                      **fields)
+
+
+def _ran(job: TrainingJob, *, attempt: int, seconds: int, price: str, warm: float = 0, ended_ago: int = 0) -> None:
+    end = timezone.now() - timedelta(seconds=ended_ago)
+    JobAttempt.objects.create(job=job, attempt=attempt, started_at=end - timedelta(seconds=seconds), finished_at=end,
+                              training_started_at=end - timedelta(seconds=seconds / 2), price_per_hour=Decimal(price),
+                              currency="USD", outcome="completed", warm_seconds=warm)
+    cost.settle_launches(job.pk)
+
+
+def test_the_job_page_shows_cost_billable_training_warm_and_each_attempt(project, owner):
+    job = _job(project, owner, status=JobStatus.COMPLETED, attempt=2, finished_at=timezone.now(), keep_alive_seconds=60)
+    _ran(job, attempt=1, seconds=3600, price="1.5", ended_ago=4000)
+    _ran(job, attempt=2, seconds=1800, price="2", warm=1800)
+
+    page = _signed_in(owner).get(f"/jobs/{job.pk}/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert 'id="cost-panel"' in html
+    # 1 h × 1.5 + (0.5 h + 0.5 h warm) × 2 = 3.50
+    assert "3.50 USD" in html
+    assert "1 h 30 min" in html, "billable, both attempts"
+    assert 'id="job-warm-time"' in html and "30 min 00 s" in html
+    assert 'data-attempt="1" data-cost="1.500000"' in html and 'data-attempt="2" data-cost="2.000000"' in html
+    assert 'id="job-projected-cost"' not in html, "finished: no projection"
+    assert f'href="/projects/{project.slug}/spend/"' in html
+
+
+def test_a_running_job_page_shows_its_projected_cost(project, owner):
+    job = _job(project, owner, status=JobStatus.TRAINING, attempt=1, hyperparameters={"max_steps": 40},
+               started_at=timezone.now() - timedelta(seconds=100), training_started_at=timezone.now() - timedelta(seconds=100))
+    JobAttempt.objects.create(job=job, attempt=1, started_at=job.started_at, training_started_at=job.training_started_at,
+                              price_per_hour=Decimal("36"), currency="USD", outcome="running")
+    MetricChunk.objects.create(job=job, name="loss", rank=0, chunk=0, count=10, first_step=1, first_value=1, last_step=10,
+                               last_value=0.5)
+
+    html = _signed_in(owner).get(f"/jobs/{job.pk}/").content.decode()
+    assert 'id="job-projected-cost"' in html
+    # 100 s so far (1.00), 10 of 40 steps: 300 s more at 36/h = 3.00 → 4.00.
+    assert "4.00 USD" in html
+    assert "so far" in html
+
+
+def test_the_tuning_job_page_shows_the_sum_of_its_trials(project, owner):
+    from tuning.models import TuningJob
+
+    tuning = TuningJob.objects.create(project=project, name="search", objective={"metric": "loss", "type": "Minimize"},
+                                      max_trials=2, max_parallel=1, parameter_ranges={}, base_job={}, strategy="random",
+                                      created_by=owner)
+    for number in (1, 2):
+        trial = _job(project, owner, status=JobStatus.COMPLETED, attempt=1, finished_at=timezone.now(), tuning_job=tuning,
+                     trial_number=number)
+        _ran(trial, attempt=1, seconds=3600, price="1.25")
+
+    page = _signed_in(owner).get(f"/tuning/{tuning.pk}/")
+    assert page.status_code == 200, page.content[:2000]
+    html = page.content.decode()
+    assert 'id="tuning-cost-panel"' in html and "2.50 USD" in html
+
+
+def test_the_spend_page_has_a_month_picker_and_tables_by_type_and_user_with_names_escaped(project, owner):
+    sneaky = make_member(project, "<b>mallory</b>", Role.SCIENTIST)
+    _ran(_job(project, owner, status=JobStatus.COMPLETED, attempt=1, finished_at=timezone.now()), attempt=1, seconds=3600,
+         price="2")
+    _ran(_job(project, sneaky, status=JobStatus.COMPLETED, attempt=1, finished_at=timezone.now()), attempt=1,
+         seconds=1800, price="2")
+    client = _signed_in(owner)
+
+    page = client.get(f"/projects/{project.slug}/spend/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    month = cost.current_month()
+    assert f'<option value="{month}" selected>' in html
+    assert 'id="spend-by-type"' in html and 'data-instance-type="cpu"' in html
+    assert 'data-user="owner"' in html and "&lt;b&gt;mallory&lt;/b&gt;" in html and "<b>mallory</b>" not in html
+    assert "3.00" in html, "the month's total"
+
+    empty = client.get(f"/projects/{project.slug}/spend/?month=2020-01").content.decode()
+    assert "No launches started in 2020-01" in empty
+
+    bad = client.get(f"/projects/{project.slug}/spend/?month=2026-13")
+    assert bad.status_code == 400 and 'id="month-error"' in bad.content.decode()
+
+
+def test_the_spend_page_is_hidden_from_outsiders(project, outsider):
+    assert _signed_in(outsider).get(f"/projects/{project.slug}/spend/").status_code == 404
+
+
+def test_an_admin_sets_and_removes_a_price_on_the_prices_page(project, owner):
+    client = _signed_in(owner)
+    assert 'id="price-form"' in client.get(f"/projects/{project.slug}/prices/").content.decode()
+
+    done = client.post(f"/projects/{project.slug}/prices/", {"instance_type": "gpu", "price_per_node_hour": "1.5",
+                                                             "price_per_gpu_hour": "2.5", "currency": "eur"})
+    assert done.status_code == 302
+    row = InstancePrice.objects.get(project=project, instance_type="gpu")
+    assert (row.price_per_node_hour, row.price_per_gpu_hour, row.currency, row.updated_by) == (
+        Decimal("1.5"), Decimal("2.5"), "EUR", owner)
+    html = client.get(f"/projects/{project.slug}/prices/").content.decode()
+    assert 'data-instance-type="gpu" data-source="project"' in html
+
+    client.post(f"/projects/{project.slug}/prices/", {"action": "remove", "instance_type": "gpu"})
+    assert not InstancePrice.objects.filter(project=project).exists()
+
+
+@pytest.mark.parametrize(("field", "value"), [("price_per_node_hour", "-1"), ("price_per_node_hour", "NaN"),
+                                              ("price_per_node_hour", "1e12"), ("price_per_node_hour", "cheap"),
+                                              ("price_per_gpu_hour", "-0.5"), ("currency", "dollars"),
+                                              ("instance_type", "<script>")])
+def test_bad_input_on_the_prices_page_is_a_form_error_on_its_field(project, owner, field, value):
+    data = {"instance_type": "cpu", "price_per_node_hour": "1", "price_per_gpu_hour": "0", "currency": "USD", field: value}
+    page = _signed_in(owner).post(f"/projects/{project.slug}/prices/", data)
+    assert page.status_code == 400
+    html = page.content.decode()
+    start = html.index(f'data-field="{field}"')
+    assert 'class="field-error"' in html[start:start + 1500]
+    assert "<script>" not in html.split('id="price-form"')[1].split("</form>")[0], "escaped"
+    assert not InstancePrice.objects.exists()
+
+
+def test_a_viewer_sees_the_prices_but_cannot_set_them(project, viewer):
+    client = _signed_in(viewer)
+    html = client.get(f"/projects/{project.slug}/prices/").content.decode()
+    assert 'id="price-form"' not in html
+    refused = client.post(f"/projects/{project.slug}/prices/", {"instance_type": "cpu", "price_per_node_hour": "1"})
+    assert refused.status_code == 403
+    assert not InstancePrice.objects.exists()
