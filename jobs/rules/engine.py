@@ -38,8 +38,10 @@ Decisions a reader needs (the issue left them open):
    still INSUFFICIENT_DATA, once, and after it no call returns transitions.
 7. Speed. The watcher hands the same batch to every rule of the job: the batch is grouped
    by (metric, rank) once and the grouping is kept for the next call with the same sequence
-   object (treat a batch as immutable once passed), so a rule costs a dict look-up per
-   batch for metrics it does not watch and a few operations per point it does.
+   object (treat a batch as immutable while the job's rules read it), so a rule costs a dict
+   look-up per batch for metrics it does not watch and a few operations per point it does;
+   a custom rule whose whole batch sits on its state's side (no breach while OK) moves
+   nothing and skips the per-datapoint loop.
 """
 
 from __future__ import annotations
@@ -1120,6 +1122,19 @@ class _Custom(Evaluator):
         """Push datapoints (NaN: missing, per treat_missing_data) and move on "M of N"."""
         threshold, compare, nan_kind = self.params["threshold"], self._compare, self._nan_kind
         periods, m, n = self._periods, self._m, self._n
+        if len(compared) > 1 and len(periods) == n and self.state != INSUFFICIENT_DATA and _isfinite(sum(compared)):
+            # The usual batch: no NaN, and every datapoint on the side the state already is
+            # (none breaching while OK, all breaching while ALARM), so the state cannot move.
+            # A comparison with a threshold is monotone: the extremes decide for all.
+            low, high = min(compared), max(compared)
+            none_breach = not compare(low, threshold) and not compare(high, threshold)
+            all_breach = compare(low, threshold) and compare(high, threshold)
+            if (none_breach and self.state == OK) or (all_breach and self.state == ALARM):
+                kind = _BREACHING if all_breach else _NOT_BREACHING
+                periods.extend((kind, value) for value in compared[-n:])
+                kinds = [k for k, _ in periods]
+                self._breaching, self._missing = kinds.count(_BREACHING), kinds.count(_MISSING)
+                return
         breaching, missing = self._breaching, self._missing
         for position, value in enumerate(compared):
             if value != value:

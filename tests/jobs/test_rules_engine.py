@@ -679,6 +679,45 @@ def test_odd_points_never_raise():
         ev.tick(T0 + 2e9, finished=True)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_batches_of_any_size_give_the_same_transitions_as_points_one_by_one(seed):
+    """Batches take shortcuts (a whole batch on the state's side moves nothing); one point per
+    call takes none: both must agree, on noisy curves with NaNs, replays and plateaus."""
+    rng = np.random.default_rng(seed)
+    values = np.concatenate([rng.normal(1.0, 0.3, 400), rng.normal(2.0, 0.3, 300), rng.normal(0.5, 0.1, 300)])
+    values[rng.choice(len(values), 15, replace=False)] = np.nan
+    points, clock = [], T0
+    for step, value in enumerate(values.tolist(), start=1):
+        clock += float(rng.choice([0.1, 0.11, 0.1, 3.0], p=[0.5, 0.45, 0.04, 0.01]))
+        points.append(Point("train_loss", step, value, clock))
+        if step % 25 == 0:
+            points.append(Point("validation_loss", step, value * 1.1 + step / 1000, clock))
+        if step == 600:  # a resumed run re-sends 550..600
+            points += [Point("train_loss", s, 9.0, clock + 1) for s in range(550, 601)]
+    rules = [
+        {"type": "custom", "parameters": {"metric": "train_loss", "statistic": statistic, "window": window,
+                                          "comparison": comparison, "threshold": 1.5, "evaluation_periods": n,
+                                          "datapoints_to_alarm": m, "treat_missing_data": policy}}
+        for statistic, window, comparison, n, m, policy in [
+            ("last", 1, ">", 5, 3, "missing"), ("mean", 4, ">=", 3, 2, "breaching"), ("p90", 7, "<", 4, 4, "notBreaching"),
+            ("max", 1, "<=", 1, 1, "ignore"), ("min", 3, ">", 10, 1, "missing")]]
+    rules += [{"type": "custom", "parameters": {"metric": "train_loss", "compare_to": "previous_window", "window": w,
+                                                "statistic": "mean", "comparison": ">", "threshold": 0.2,
+                                                "evaluation_periods": 3, "datapoints_to_alarm": 2}} for w in (1, 5)]
+    rules += ["non_finite", {"type": "loss_not_decreasing", "parameters": {"num_steps": 20, "diff_percent": 1.0}},
+              "overfit", "overtraining", "step_outlier"]
+    sizes = [int(x) for x in rng.integers(1, 400, 200)]
+    for rule in rules:
+        expected = feed_one_by_one(make(rule), points)
+        batched, ev, start = [], make(rule), 0
+        for size in sizes:
+            batched += ev.observe(points[start:start + size])
+            start += size
+        batched += ev.observe(points[start:])
+        assert [(t.step, t.to_state, t.reason) for t in batched] == [(t.step, t.to_state, t.reason) for t in expected], rule
+        assert expected or rule == "overtraining", rule
+
+
 def test_a_batch_list_refilled_in_place_is_grouped_again_and_iterables_work():
     rule = {"type": "custom", "parameters": {"metric": "m", "threshold": 1.0}}
     first, second = make(rule), make(rule)
