@@ -694,7 +694,7 @@ def test_batches_of_any_size_give_the_same_transitions_as_points_one_by_one(seed
             points.append(Point("validation_loss", step, value * 1.1 + step / 1000, clock))
         if step == 600:  # a resumed run re-sends 550..600
             points += [Point("train_loss", s, 9.0, clock + 1) for s in range(550, 601)]
-    rules = [
+    rules: list[dict | str] = [
         {"type": "custom", "parameters": {"metric": "train_loss", "statistic": statistic, "window": window,
                                           "comparison": comparison, "threshold": 1.5, "evaluation_periods": n,
                                           "datapoints_to_alarm": m, "treat_missing_data": policy}}
