@@ -79,7 +79,8 @@ _isfinite = math.isfinite
 
 class RuleError(ValueError):
     """A rule that cannot be accepted: `field` is the path inside the rule ("type",
-    "parameters.window", "actions[1].channels", "rules[2].name"), `message` what to do."""
+    "parameters.window", "actions[1].channels", "rules[2].name"; "" for a rule that is not
+    an object at all), `message` what to do."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
