@@ -14,11 +14,12 @@
 
   function layout(yaxis) {
     return {
-      margin: { l: 44, r: 8, t: 8, b: 32 }, showlegend: true,
-      legend: { orientation: "h", x: 0, y: -0.18, font: { size: 11 } },
+      margin: { l: 44, r: 8, t: 24, b: 44 }, showlegend: true,
+      legend: { orientation: "h", x: 0, y: 1.0, yanchor: "bottom", font: { size: 11 } },
       font: { family: getComputedStyle(document.documentElement).getPropertyValue("--font").trim() || "system-ui, sans-serif",
               size: 12, color: "#4a5565" },
-      xaxis: { type: "date", gridcolor: "#eef0f3", zeroline: false },
+      xaxis: { type: "date", gridcolor: "#eef0f3", zeroline: false, nticks: 6, tickangle: 0,
+               hoverformat: "%b %-d, %H:%M:%S" },
       yaxis: Object.assign({ gridcolor: "#eef0f3", zeroline: false, automargin: true, rangemode: "tozero" }, yaxis),
       paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)", hovermode: "closest",
     };

@@ -18,7 +18,15 @@ from jobs.cluster import history, sample_cluster
 from jobs.models import ClusterSample, JobStatus, Node, NodeState, SystemMetric, TrainingJob
 from jobs.tasks import sample_cluster_task
 from studio import actions
+from studio.models import Role
 from tests import factories
+from tests.e2e.conftest import (
+    PASSWORD,
+    SCREENSHOTS,
+    browser_page,  # noqa: F401 - the fixture, for the browser test below
+)
+from tests.e2e.test_job_pages import sign_in
+from tests.factories import make_member
 
 pytestmark = pytest.mark.django_db
 URL = "/api/v1/cluster/history/"
@@ -213,3 +221,34 @@ def test_without_samples_the_page_says_so_instead_of_empty_charts(owner):
     assert re.search(r'id="cluster-charts"[^>]* hidden', body)
     empty = re.search(r'<p class="empty small muted" id="cluster-empty">(.*?)</p>', body, re.S)
     assert empty and "No samples in this window yet" in empty.group(1)
+
+
+# --- the page in a browser ---------------------------------------------------------------------
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
+def test_the_charts_draw_in_a_browser_and_the_empty_line_shows_without_samples(live_server, project, other_project,
+                                                                               browser_page):  # noqa: F811
+    make_member(project, "sam", Role.SCIENTIST, password=PASSWORD)
+    page = browser_page
+    sign_in(page, live_server.url)
+    page.goto(live_server.url + "/nodes/")
+    assert page.locator("#cluster-empty").is_visible() and not page.locator("#cluster-charts").is_visible()
+
+    mine, theirs = make_job(project, "mine"), make_job(other_project, "top-secret-run")
+    now = timezone.now()
+    ClusterSample.objects.bulk_create([ClusterSample(
+        at=now - timedelta(seconds=15 * i), queue_depth=i % 4, oldest_pending_seconds=float(i), nodes={
+            "cpu-1": {"state": "busy", "cpu_percent": 40.0 + i, "gpu_percent": None, "job": mine.pk},
+            "gpu-1": {"state": "busy", "cpu_percent": 20.0, "gpu_percent": 90.0 - i, "job": theirs.pk}})
+        for i in range(40)])
+    page.goto(live_server.url + "/nodes/")
+    page.wait_for_selector("#chart-queue .main-svg")
+    page.wait_for_selector("#chart-gpu .main-svg")
+    traces = page.evaluate("""() => ["chart-cpu", "chart-gpu", "chart-queue"].map(id => {
+        const div = document.getElementById(id);
+        return (div.data || []).map(t => [t.name, t.y.filter(v => v !== null).length]);
+    })""")
+    assert traces == [[["cpu-1", 40], ["gpu-1", 40]], [["gpu-1", 40]], [["pending jobs", 40]]]
+    assert "top-secret-run" not in page.evaluate("() => JSON.stringify(document.getElementById('chart-gpu').data)")
+    page.screenshot(path=str(SCREENSHOTS / "nodes_cluster_charts.png"), full_page=True)
+    assert page.console_errors == []
