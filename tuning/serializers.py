@@ -213,9 +213,10 @@ class TuningJobSerializer(TuningJobSummarySerializer):
 
     @extend_schema_field(TuningCostSerializer)
     def get_cost(self, tuning: TuningJob) -> dict[str, Any]:
-        from jobs.cost import sum_costs
+        from jobs.cost import tuning_cost
 
-        return sum_costs(self.context["trials"])
+        # Its own read of the trials: the context's have only the fields the trial rows show.
+        return tuning_cost(tuning)
 
     @extend_schema_field(TrialCountsSerializer)
     def get_trial_counts(self, tuning: TuningJob) -> dict[str, int]:

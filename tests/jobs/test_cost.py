@@ -402,3 +402,25 @@ def test_a_launch_never_closed_after_its_gang_moved_on_ends_with_its_gang(projec
     figures = cost.job_cost(job, now=T0 + timedelta(days=1))
     assert figures["attempts"][0]["billable_seconds"] == 600
     assert figures["cost"] == "600.000000"
+
+
+def test_the_tuning_job_cost_reads_the_same_queries_for_many_trials(project, owner, client_for):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from tuning.models import TuningJob
+
+    tuning = TuningJob.objects.create(project=project, name="wide", objective={"metric": "loss", "type": "Minimize"},
+                                      max_trials=9, max_parallel=1, parameter_ranges={}, base_job={}, strategy="random")
+    client = client_for(owner)
+
+    def queries_with(trials: int) -> int:
+        for number in range(TrainingJob.objects.filter(tuning_job=tuning).count(), trials):
+            trial = _finished_job(project)
+            TrainingJob.objects.filter(pk=trial.pk).update(tuning_job=tuning, trial_number=number + 1)
+        with CaptureQueriesContext(connection) as captured:
+            assert client.get(f"/api/v1/tuning-jobs/{tuning.pk}/").status_code == 200
+        return len(captured)
+
+    few = queries_with(2)
+    assert queries_with(8) <= few, "no query per trial"
