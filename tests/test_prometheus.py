@@ -218,6 +218,8 @@ def test_flusher_stats_appear_after_a_flush_with_its_lag(clean_stats, project):
         row = json.loads(clean_stats.hget(FLUSHER_STATS, "flusher-a"))
         assert row["written"] == 250 and row["dropped"] == 0
         assert 9.5 <= row["lag"] < 30 and time.time() - row["cycle_at"] < 5
+        flusher.flush_once(block_ms=0)  # within the second: not published again
+        assert json.loads(clean_stats.hget(FLUSHER_STATS, "flusher-a")) == row
 
         # A second live flusher is summed; one silent for two minutes is ignored.
         clean_stats.hset(FLUSHER_STATS, mapping={
@@ -231,7 +233,13 @@ def test_flusher_stats_appear_after_a_flush_with_its_lag(clean_stats, project):
         assert 9.5 <= value(families, "trainyard_flusher_lag_seconds") < 30
         assert time.time() - value(families, "trainyard_flusher_last_cycle_timestamp_seconds") < 5
 
-        time.sleep(1.05)  # stats are published at most once a second
+        # With every flusher stopped, the last cycle's time still says since when.
+        clean_stats.hdel(FLUSHER_STATS, "flusher-a", "flusher-b")
+        stopped = scrape()
+        assert value(stopped, "trainyard_flushers") == 0 and value(stopped, "trainyard_metric_points_written") == 0
+        assert value(stopped, "trainyard_flusher_last_cycle_timestamp_seconds") == pytest.approx(time.time() - 120, abs=5)
+
+        flusher._last_stats = 0.0  # due again (stats are published at most once a second)
         flusher.flush_once(block_ms=0)  # caught up now
         assert json.loads(clean_stats.hget(FLUSHER_STATS, "flusher-a"))["lag"] == 0
     finally:

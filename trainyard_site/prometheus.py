@@ -155,7 +155,8 @@ class StudioCollector(Collector):
                                 value=stats.lag_seconds)
         if stats.last_cycle_at is not None:
             yield GaugeMetricFamily("trainyard_flusher_last_cycle_timestamp_seconds",
-                                    "When a flusher last finished a cycle (unix time).", value=stats.last_cycle_at)
+                                    "When a flusher last finished a cycle (unix time; also after every flusher "
+                                    "stopped: alert on its age).", value=stats.last_cycle_at)
 
     # --- review -----------------------------------------------------------------------------
     def review(self, now: datetime) -> Iterator[Metric]:

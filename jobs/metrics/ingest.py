@@ -452,7 +452,7 @@ class FlusherStats:
     flushers: int
     written: int
     dropped: int
-    last_cycle_at: float | None  # unix time
+    last_cycle_at: float | None  # unix time, of any flusher (stale ones too)
     lag_seconds: float
 
 
@@ -469,13 +469,16 @@ def read_flusher_stats_rows(client: redis.Redis) -> dict[str, dict[str, float]]:
 
 
 def read_flusher_stats(client: redis.Redis, now: float | None = None) -> FlusherStats:
-    """The flushers that cycled in the last STATS_STALE_SECONDS, summed (one HGETALL)."""
+    """The flushers that cycled in the last STATS_STALE_SECONDS, summed (one HGETALL). The
+    latest cycle is over every row, stale ones included: when every flusher has stopped (or
+    fails each cycle), that time is what says since when."""
     now = time.time() if now is None else now
-    live = [row for row in read_flusher_stats_rows(client).values() if now - row["cycle_at"] <= STATS_STALE_SECONDS]
+    rows = list(read_flusher_stats_rows(client).values())
+    live = [row for row in rows if now - row["cycle_at"] <= STATS_STALE_SECONDS]
     return FlusherStats(
         flushers=len(live), written=int(sum(row["written"] for row in live)),
         dropped=int(sum(row["dropped"] for row in live)),
-        last_cycle_at=max((row["cycle_at"] for row in live), default=None),
+        last_cycle_at=max((row["cycle_at"] for row in rows), default=None),
         lag_seconds=max((row["lag"] for row in live), default=0.0))
 
 
