@@ -286,6 +286,11 @@ def deliver(delivery_id: int) -> str:
     if not claimed:
         return "skipped"
     channel = delivery.channel
+    if not channel.enabled and delivery.event != "test":  # an admin switched it off: stop, do not retry for ever
+        Delivery.objects.filter(pk=delivery_id, status=Delivery.Status.PENDING).update(
+            status=Delivery.Status.FAILED, next_attempt_at=None,
+            last_error="The channel was disabled before this delivery was sent.")
+        return str(Delivery.Status.FAILED)
     if channel.kind == NotificationChannel.Kind.EMAIL:
         response_status, error = _send_email(channel, delivery)
     else:

@@ -230,6 +230,17 @@ def test_notify_picks_named_enabled_channels_and_never_raises(project, other_pro
     assert "deliveries not recorded" in caplog.text
 
 
+def test_a_channel_disabled_before_its_delivery_goes_stops_it(project, receiver):
+    channel, _ = webhook(project, receiver.url)
+    [delivery_id] = notify.notify(project.pk, "alarm.transition", {})
+    notify.update_channel(channel, {"enabled": False})
+    assert notify.deliver(delivery_id) == "failed"
+    delivery = Delivery.objects.get(pk=delivery_id)
+    assert delivery.attempts == 0 and "disabled" in delivery.last_error and receiver.requests == []
+    [test_id] = [notify.send_test(channel, None).pk]  # a test still goes to a disabled channel
+    assert notify.deliver(test_id) == "delivered" and len(receiver.requests) == 1
+
+
 def test_a_row_that_is_not_http_is_never_fetched(project):
     channel, _ = webhook(project, "http://example.invalid/")
     NotificationChannel.objects.filter(pk=channel.pk).update(url="file:///etc/passwd")
