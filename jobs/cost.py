@@ -397,38 +397,35 @@ def _latest_steps(job_ids: list[int]) -> dict[int, int]:
             .annotate(step=Max("last_step")).values_list("job_id", "step") if step is not None}
 
 
-def _planned_length(job: TrainingJob) -> tuple[str, float] | None:
-    """("steps", N) or ("epochs", N) from the hyperparameters, when the run says its length."""
+def _planned(job: TrainingJob, names: tuple[str, ...]) -> float | None:
     hyperparameters = job.hyperparameters or {}
-    for kind, names in (("steps", STEP_HYPERPARAMETERS), ("epochs", EPOCH_HYPERPARAMETERS)):
-        for name in names:
-            value = hyperparameters.get(name)
-            try:
-                number = float(value)  # type: ignore[arg-type]
-            except (TypeError, ValueError):
-                continue
-            if math.isfinite(number) and number > 0:
-                return kind, number
+    for name in names:
+        try:
+            number = float(hyperparameters.get(name))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(number) and number > 0:  # max_steps 0 means "no limit"
+            return number
     return None
 
 
 def _done_fraction(job: TrainingJob, latest_step: int | None) -> float | None:
-    planned = _planned_length(job)
-    if planned is None:
+    """How far the run is, by steps: the latest step over its planned steps — max_steps,
+    or epochs × the steps of an epoch (its "epoch" series says how many steps one took),
+    whichever ends it first. None when the run does not say its length."""
+    if not latest_step or latest_step <= 0:
         return None
-    kind, total = planned
-    if kind == "steps":
-        done = float(latest_step or 0)
-    else:
-        # Epochs: the job's "epoch" series says how far it got (its latest value).
-        chunk = (MetricChunk.objects.filter(job_id=job.pk, name=EPOCH_METRIC).order_by("-last_step")
-                 .values_list("last_value", flat=True).first())
-        if chunk is None or not math.isfinite(chunk):
-            return None
-        done = float(chunk)
-    if done <= 0:
+    totals = []
+    if (steps := _planned(job, STEP_HYPERPARAMETERS)) is not None:
+        totals.append(steps)
+    if (epochs := _planned(job, EPOCH_HYPERPARAMETERS)) is not None:
+        latest_epoch = (MetricChunk.objects.filter(job_id=job.pk, name=EPOCH_METRIC).order_by("-last_step")
+                        .values_list("last_step", "last_value").first())
+        if latest_epoch is not None and math.isfinite(latest_epoch[1]) and latest_epoch[1] > 0:
+            totals.append(epochs * latest_epoch[0] / latest_epoch[1])
+    if not totals:
         return None
-    return min(1.0, done / total)
+    return min(1.0, latest_step / min(totals))
 
 
 def _projected_cost(job: TrainingJob, attempts: list[AttemptFigures], cost_so_far: Decimal, price_per_second: Decimal,

@@ -424,3 +424,19 @@ def test_the_tuning_job_cost_reads_the_same_queries_for_many_trials(project, own
 
     few = queries_with(2)
     assert queries_with(8) <= few, "no query per trial"
+
+
+def test_the_projection_takes_whichever_of_max_steps_and_epochs_ends_the_run_first(project):
+    job = _job(project, status=JobStatus.TRAINING, attempt=1, training_started_at=T0,
+               hyperparameters={"epochs": 10, "max_steps": 0})
+    _launch(job, start=T0, trained=T0, price="3600")
+    MetricChunk.objects.create(job=job, name="epoch", rank=0, chunk=0, count=1, first_step=20, first_value=1,
+                               last_step=20, last_value=1)
+    MetricChunk.objects.create(job=job, name="train_loss", rank=0, chunk=0, count=2, first_step=10, first_value=1,
+                               last_step=30, last_value=0.5)
+    now = T0 + timedelta(seconds=30)
+    # max_steps 0 = no limit: 10 epochs of 20 steps; 30 of 200 steps in 30 s → 170 s more.
+    assert cost.job_cost(job, now=now)["projected_cost"] == "200.000000"
+    TrainingJob.objects.filter(pk=job.pk).update(hyperparameters={"epochs": 10, "max_steps": 60})
+    job.refresh_from_db()
+    assert cost.job_cost(job, now=now)["projected_cost"] == "60.000000", "max_steps 60 ends it first"
