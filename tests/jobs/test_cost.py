@@ -440,3 +440,28 @@ def test_the_projection_takes_whichever_of_max_steps_and_epochs_ends_the_run_fir
     TrainingJob.objects.filter(pk=job.pk).update(hyperparameters={"epochs": 10, "max_steps": 60})
     job.refresh_from_db()
     assert cost.job_cost(job, now=now)["projected_cost"] == "60.000000", "max_steps 60 ends it first"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_real_workers_warm_pool_time_is_billed_to_the_job_that_left_it(node, make_job, project):
+    from tests.conftest import wait_for
+    from tests.jobs.conftest import run_to_end
+
+    InstancePrice.objects.create(project=project, instance_type="cpu", price_per_node_hour=Decimal("3600"))
+    job = run_to_end(make_job(script="quick.py", keep_alive_seconds=120))
+    assert job.status == JobStatus.COMPLETED, job.failure_reason
+    wait_for(lambda: Node.objects.filter(pk=node.pk, state=NodeState.WARM, warm_from_job=job).exists(), timeout=30,
+             message="the node to stay warm")
+    row = wait_for(lambda: JobAttempt.objects.filter(job=job, billable_seconds__isnull=False).first(), timeout=30,
+                   message="the launch to be settled")
+    assert row.warm_seconds == 0
+    # The pool expires 2 s after the launch ended.
+    Node.objects.filter(pk=node.pk).update(warm_until=row.finished_at + timedelta(seconds=2))
+
+    wait_for(lambda: expire_warm_pools() == 1, timeout=10, message="the pool to expire")
+    row.refresh_from_db()
+    assert row.warm_seconds == pytest.approx(2, abs=0.01)
+    assert row.cost == cost.cost_of(row.billable_seconds + row.warm_seconds, Decimal("3600"))
+    figures = cost.job_cost(job)
+    assert figures["warm_pool_seconds"] == pytest.approx(2, abs=0.01)
+    assert Decimal(figures["cost"]) == row.cost
