@@ -72,11 +72,66 @@ def fill(jobs: list, redis_url: str, points: int) -> None:
         assert logger.flush(60)
 
 
+def _watcher_process(ready, done, stop) -> None:
+    """A watcher in a process of its own (forked: Django is set up; fresh connections)."""
+    from django.db import connections
+
+    from jobs.rules.watcher import RuleWatcher, run_watcher
+
+    connections.close_all()
+    watcher = RuleWatcher(discover_seconds=0.5)
+    thread = threading.Thread(target=run_watcher, args=(stop,), kwargs={"watcher": watcher}, daemon=True)
+    thread.start()
+    ready.set()
+    while not stop.is_set():
+        done.value = watcher.entries_seen
+        time.sleep(0.02)
+    thread.join(30)
+
+
+def drain_with_process(jobs: list) -> dict[str, float]:
+    """As drain(with_watcher=True), the watcher in its own process (`studio flusher --no-rules`
+    beside `studio rules`)."""
+    import multiprocessing
+
+    from django.db import connections
+
+    from jobs.metrics.ingest import Flusher, run_flusher
+    from jobs.models import MetricPoint
+    from trainyard.protocol import METRICS_STREAM, key
+
+    connections.close_all()
+    context = multiprocessing.get_context("fork")
+    ready, stop, done = context.Event(), context.Event(), context.Value("q", 0)
+    process = context.Process(target=_watcher_process, args=(ready, done, stop), daemon=True)
+    process.start()
+    ready.wait(30)
+    time.sleep(1.5)  # its discovery
+    flusher = Flusher(discover_running=False)
+    entries = sum(flusher.redis.xlen(key(METRICS_STREAM, j.pk)) for j in jobs)
+    stop_flusher = threading.Event()
+    stop_flusher.set()
+    started = time.perf_counter()
+    run_flusher(stop_flusher, flusher=flusher, drain_seconds=3600)
+    elapsed = time.perf_counter() - started
+    lag = entries - done.value
+    deadline = time.monotonic() + 120
+    while done.value < entries and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    process.join(30)
+    ids = [j.pk for j in jobs]
+    stored = MetricPoint.objects.filter(job_id__in=ids).count()
+    MetricPoint.objects.filter(job_id__in=ids).delete()
+    return {"points": stored, "seconds": elapsed, "rate": stored / elapsed, "lag_entries": lag}
+
+
 def drain(jobs: list, *, with_watcher: bool) -> dict[str, float]:
     """Time the flusher draining the jobs' streams; with the watcher on a thread beside it."""
     from jobs.metrics.ingest import Flusher, run_flusher
     from jobs.models import MetricPoint
     from jobs.rules.watcher import RuleWatcher, run_watcher
+    from trainyard.protocol import METRICS_STREAM, key
 
     watcher_stop = threading.Event()
     watcher = RuleWatcher(discover_seconds=0.5) if with_watcher else None
@@ -97,13 +152,15 @@ def drain(jobs: list, *, with_watcher: bool) -> dict[str, float]:
     stored = MetricPoint.objects.filter(job_id__in=ids).count()
     result = {"points": stored, "seconds": elapsed, "rate": stored / elapsed}
     if watcher is not None:
-        seen_at_flush_end = watcher.points_seen
+        entries = sum(flusher.redis.xlen(key(METRICS_STREAM, j.pk)) for j in jobs)
+        lag_entries = entries - watcher.entries_seen
         deadline = time.monotonic() + 120
-        while watcher.points_seen < stored and time.monotonic() < deadline:
+        while watcher.entries_seen < entries and time.monotonic() < deadline:
             time.sleep(0.05)
         result["watcher_seconds"] = time.perf_counter() - started
-        result["watcher_lag_points"] = stored - seen_at_flush_end
-        result["watcher_seen"] = watcher.points_seen
+        result["watcher_lag_points"] = stored * lag_entries / max(1, entries)  # entries hold equal shares
+        result["watcher_seen"] = stored * watcher.entries_seen / max(1, entries)
+        result["watcher_cpu"] = watcher.cpu_seconds
         watcher_stop.set()
         assert thread is not None
         thread.join(30)
@@ -111,7 +168,7 @@ def drain(jobs: list, *, with_watcher: bool) -> dict[str, float]:
     return result
 
 
-def ingest_overhead(project, redis_url: str, points: int, repeats: int) -> None:
+def ingest_overhead(project, redis_url: str, points: int, repeats: int, *, process: bool = False) -> None:
     ratios, base_rates, rule_rates, watcher_rates, lags = [], [], [], [], []
     for repeat in range(repeats):
         order = (False, True) if repeat % 2 == 0 else (True, False)
@@ -130,10 +187,30 @@ def ingest_overhead(project, redis_url: str, points: int, repeats: int) -> None:
         lags.append(got[True]["watcher_lag_points"])
         print(f"    pair {repeat + 1}: no rules {got[False]['rate']:,.0f} pts/s, with the watcher "
               f"{got[True]['rate']:,.0f} pts/s → {ratios[-1]:.3f}×; watcher lag at the flusher's end "
-              f"{got[True]['watcher_lag_points']:,} points", flush=True)
+              f"{got[True]['watcher_lag_points']:,.0f} points; its CPU {got[True]['watcher_cpu']:.2f} s of the drain's "
+              f"{got[True]['seconds']:.2f} s", flush=True)
     row("ingest with 100 rules on 50 jobs", f"{median(rule_rates):,.0f} points/s", f"{median(base_rates):,.0f} without rules",
         f"median ratio {median(ratios):.3f}× (range {min(ratios):.3f}–{max(ratios):.3f}); target ≥ 0.95")
-    row("the watcher itself (100 rules)", f"{median(watcher_rates):,.0f} points/s", "",
+    if process:
+        proc_ratios = []
+        for repeat in range(repeats):
+            base_jobs = make_jobs(project, f"p{repeat}-b")
+            fill(base_jobs, redis_url, points)
+            base = drain(base_jobs, with_watcher=False)
+            from jobs.models import TrainingJob
+
+            TrainingJob.objects.filter(pk__in=[j.pk for j in base_jobs]).update(status="Completed")
+            proc_jobs = make_jobs(project, f"p{repeat}-p")
+            fill(proc_jobs, redis_url, points)
+            apart = drain_with_process(proc_jobs)
+            TrainingJob.objects.filter(pk__in=[j.pk for j in proc_jobs]).update(status="Completed")
+            proc_ratios.append(apart["rate"] / base["rate"])
+            print(f"    pair {repeat + 1} (watcher in its own process): no rules {base['rate']:,.0f} pts/s, "
+                  f"with {apart['rate']:,.0f} pts/s → {proc_ratios[-1]:.3f}×; its lag {apart['lag_entries']:.0f} entries",
+                  flush=True)
+        row("… the watcher in its own process", f"median ratio {median(proc_ratios):.3f}×", "",
+            f"range {min(proc_ratios):.3f}–{max(proc_ratios):.3f}")
+    row("the watcher (100 rules), while the flusher ran", f"{median(watcher_rates):,.0f} points/s", "",
         f"lag when the flusher finished: median {median(lags):,.0f} points")
 
 
@@ -195,6 +272,7 @@ def main() -> int:
     parser.add_argument("--points", type=int, default=1_000_000, help="points per drain, across 50 jobs (default 1,000,000)")
     parser.add_argument("--repeats", type=int, default=3, help="pairs of drains (default 3)")
     parser.add_argument("--trials", type=int, default=20, help="jobs stopped by a NaN for the latency (default 20)")
+    parser.add_argument("--process", action="store_true", help="also time the watcher in a process of its own")
     parser.add_argument("--only", default="ingest,latency", help="ingest, latency or both (default)")
     args = parser.parse_args()
     parts = set(args.only.split(","))
@@ -222,7 +300,7 @@ def main() -> int:
               f"load average {load}\n")
         print(f"  {'what':<44} {'Trainyard':<26} {'baseline (same run)':<34} note")
         if "ingest" in parts:
-            ingest_overhead(project, redis_url, args.points, args.repeats)
+            ingest_overhead(project, redis_url, args.points, args.repeats, process=args.process)
         if "latency" in parts:
             stop_latency(project, redis_url, args.trials)
         print()
