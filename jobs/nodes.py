@@ -73,6 +73,10 @@ def register_node(*, name: str, instance_type: str = "cpu", hostname: str | None
     resources = resources or machine_resources()
     now = timezone.now()
     previous = Node.objects.filter(name=name).values("pid", "current_job_id", "current_job__attempt").first()
+    # A restarted worker's node leaves its warm pool: bill the time it was held (jobs.cost).
+    from jobs import cost
+
+    cost.end_warm(cost.warm_nodes(Node.objects.filter(name=name).exclude(warm_pool="")), now)
     node, _ = Node.objects.update_or_create(
         name=name,
         defaults={
@@ -149,6 +153,11 @@ def mark_lost_nodes() -> int:
         except Exception:  # noqa: BLE001 - one job's trouble must not stop the sweep; the next sweep retries
             log.exception("could not end job %s's attempt on lost node(s) %s", job_id, nodes)
     # Lost warm nodes leave their pool; the pool's other nodes stay warm until it expires.
+    # Their warm time so far is billed to the job that left the pool (jobs.cost).
+    from jobs import cost
+
+    leaving = Node.objects.filter(name__in=lost).exclude(warm_pool="")
+    cost.end_warm(cost.warm_nodes(leaving), timezone.now())
     Node.objects.filter(name__in=lost).exclude(warm_pool="").update(warm_pool="", warm_until=None, warm_project=None,
                                                                      warm_instance_count=0, warm_from_job=None)
     return count

@@ -11,7 +11,8 @@ METRICS_STREAM = "trainyard:job:{job_id}:metrics"
 LOGS_STREAM = "trainyard:job:{job_id}:logs"
 # Status transitions. Fields: "status", "at" ISO time, "message".
 EVENTS_STREAM = "trainyard:job:{job_id}:events"
-# System samples. Fields: "n" node name, "t" unix time, "cpu", "mem", "gpu", "gpu_mem" (JSON numbers or "").
+# System samples. Fields: "n" node name, "t" unix time, "cpu", "mem", "gpu", "gpu_mem" (JSON numbers or ""),
+# "gpus" each GPU's utilisation % by index, comma-separated ("" without GPUs).
 SYSTEM_STREAM = "trainyard:job:{job_id}:system"
 # Streams whose jobs have points the flusher has not written yet (a set of job ids).
 ACTIVE_METRIC_JOBS = "trainyard:metrics:active"

@@ -377,7 +377,7 @@ class RuleWatcher:
             else:
                 watched = self.jobs[systems[stream]]
                 watched.system_id = text(entries[-1][0])
-                samples = [s for entry_id, fields in entries if (s := gpu_sample(fields)) is not None]
+                samples = [s for _, fields in entries for s in gpu_samples(fields)]
                 if samples:
                     for w in list(watched.rules.values()):
                         self._record(w, w.evaluator.observe_gpu(samples))
@@ -512,12 +512,19 @@ def extract_points(payload: bytes, names: frozenset[str], *, rank: bytes | str) 
     return points
 
 
-def gpu_sample(fields: dict[bytes, bytes]) -> GpuSample | None:
-    utilization, at = parse_number(fields.get(b"gpu")), parse_number(fields.get(b"t"))
-    if utilization is None or at is None:
-        return None
-    return GpuSample(host=text(fields.get(b"n", b"")), gpu_index=int(parse_number(fields.get(b"gpu_index")) or 0),
-                     utilization=utilization, time=at)
+def gpu_samples(fields: dict[bytes, bytes]) -> list[GpuSample]:
+    """One sample per GPU of a system sample ("gpus": each GPU's %, by index); a sample
+    from an agent that sends only the mean counts as GPU 0."""
+    at = parse_number(fields.get(b"t"))
+    if at is None:
+        return []
+    host = text(fields.get(b"n", b""))
+    each = [parse_number(part) for part in text(fields.get(b"gpus", b"")).split(",") if part]
+    if each:
+        return [GpuSample(host=host, gpu_index=index, utilization=value, time=at)
+                for index, value in enumerate(each) if value is not None]
+    mean = parse_number(fields.get(b"gpu"))
+    return [GpuSample(host=host, gpu_index=0, utilization=mean, time=at)] if mean is not None else []
 
 
 def job_costs(job_id: int) -> tuple[float | None, float | None]:

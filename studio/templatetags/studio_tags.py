@@ -45,10 +45,15 @@ BADGE_CLASSES: dict[str, str] = {
     "running": "violet",
     "aborted": "amber",
     "shutdown": "amber",
+    # notification deliveries (studio.notify) and rule states (jobs.rules)
+    "delivered": "green",
+    "ok": "green",
+    "alarm": "red",
+    "insufficientdata": "grey",
 }
 # Statuses that are still moving: their dot pulses so "working" reads at a glance.
 MOVING = frozenset({"starting", "training", "uploading", "stopping", "validating", "inprogress", "busy", "running"})
-LABELS = {"inprogress": "In progress"}
+LABELS = {"inprogress": "In progress", "insufficientdata": "INSUFFICIENT_DATA"}
 
 
 def _key(status: str) -> str:

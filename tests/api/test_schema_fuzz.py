@@ -34,12 +34,12 @@ from evaluations.actions import submit_evaluation
 from evaluations.run import run_evaluation
 from hosting import actions as hosting_actions
 from hosting.models import BatchPrediction, BatchStatus
-from jobs.models import JobEvent, MetricPoint, Node
+from jobs.models import AlarmTransition, ClusterSample, InstancePrice, JobEvent, JobRule, MetricPoint, Node
 from review.actions.claims import claim_next_slot
 from review.actions.loops import start_human_loop
 from review.actions.teams import create_flow_definition, create_work_team
 from studio import actions as studio_actions
-from studio.models import Role
+from studio.models import NotificationChannel, Role
 from tests.factories import make_member
 from tests.hosting.conftest import demo_job, demo_model_artifact, demo_version, fresh_predictors, model_cache_dir  # noqa: F401
 from tuning.models import TuningJob, TuningStatus
@@ -99,14 +99,24 @@ def seeded(project, owner, demo_job, demo_version) -> Seeded:  # noqa: F811 - fi
     evaluation = submit_evaluation(project=project, user=owner, body={
         "model_version": version.pk, "dataset_version": demo_version.pk, "target_error": 0.1, "flow_definition": flow.pk})
     assert run_evaluation(evaluation.pk) == "Completed"
+    # Rules, alarms, notification channels, prices and cluster samples (issue 17).
+    rule = JobRule.objects.create(job=demo_job, name="non_finite", type="non_finite", parameters={"metrics": "(?i)loss"},
+                                  actions=[{"type": "stop"}], state="ALARM", state_reason="loss was NaN at step 3")
+    AlarmTransition.objects.create(rule=rule, job=demo_job, from_state="OK", to_state="ALARM", step=3,
+                                   reason="loss was NaN at step 3", values={"value": "NaN"})
+    channel = NotificationChannel.objects.create(project=project, name="ops", kind="webhook",
+                                                 url="http://127.0.0.1:9/hook", secret="fuzz-secret")
+    InstancePrice.objects.create(project=project, instance_type="cpu", price_per_node_hour="0.25")
+    ClusterSample.objects.create(queue_depth=1, nodes={"node-a": {"state": "idle", "cpu_percent": 5.0}})
     return Seeded(
         token=raw_token, slug=project.slug,
         ids={"jobs": demo_job.pk, "datasets": demo_version.dataset_id, "dataset-versions": demo_version.pk,
              "models": version.model_id, "tuning-jobs": tuning.pk, "flow-definitions": flow.pk, "work-teams": team.pk,
              "batch-predictions": batch.pk, "tokens": token.pk, "review": assignment.pk, "evaluations": evaluation.pk,
-             "model-versions": version.pk},
+             "model-versions": version.pk, "projects": channel.pk},
         names={"endpoints": endpoint.name, "human-loops": loop.name, "nodes": node.name},
-        extra={"slug": project.slug, "number": version.version, "path": demo_version.files[0]["path"]},
+        extra={"slug": project.slug, "number": version.version, "path": demo_version.files[0]["path"],
+               "rule_id": rule.pk, "instance_type": "cpu"},
     )
 
 

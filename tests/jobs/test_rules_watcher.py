@@ -178,3 +178,42 @@ def test_a_rule_added_while_the_job_runs_is_picked_up(project, watcher):
     run(w)
     job.refresh_from_db()
     assert job.stop_rule == "big"
+
+
+def test_low_gpu_utilization_names_the_host_and_gpu_from_the_system_stream(project, watcher):
+    from trainyard.protocol import SYSTEM_STREAM
+
+    job = running_job(project, [{"type": "low_gpu_utilization",
+                                 "parameters": {"window": 20, "warmup_samples": 0, "threshold_p95": 70, "threshold_p5": 10}}])
+    w = watcher()
+    run(w)
+    now = time.time()
+    for i in range(25):  # GPU 0 busy, GPU 1 idling behind a slow loader
+        redis_client().xadd(key(SYSTEM_STREAM, job.pk), {"n": "gpu-node-1", "t": f"{now + i:.3f}", "cpu": "50", "mem": "1",
+                                                          "gpu": "50.0", "gpu_mem": "1", "gpus": "95.0,5.0"})
+    run(w)
+    rule = JobRule.objects.get(job=job, name="low_gpu_utilization")
+    assert rule.state == RuleState.ALARM, rule.state_reason
+    assert "gpu-node-1" in rule.state_reason and "1" in str(rule.state_values.get("gpu_index")), rule.state_values
+
+
+def test_a_budget_rule_stops_a_job_whose_cost_passes_its_limit(project, watcher, settings):
+    from datetime import timedelta
+
+    from jobs.models import JobAttempt, Node
+
+    settings.STUDIO_INSTANCE_PRICES = '{"cpu": 36.0}'  # a cent a second
+    job = running_job(project, [{"type": "budget", "parameters": {"limit": 0.5, "projected": False}}],
+                      resources={"instance_type": "cpu", "instance_count": 1})
+    node = Node.objects.create(name="priced", hostname="h", queue="node.priced")
+    started = timezone.now() - timedelta(seconds=120)
+    JobAttempt.objects.create(job=job, attempt=1, node_rank=0, node=node, started_at=started, price_per_hour="36.0",
+                              currency="USD")
+    TrainingJob.objects.filter(pk=job.pk).update(attempt=1, started_at=started)
+    w = watcher()
+    send(job, [("loss", 1, 1.0)])
+    run(w)
+    job.refresh_from_db()
+    assert (job.status, job.stop_rule) == (JobStatus.STOPPING, "budget"), JobRule.objects.get(job=job, name="budget").state_reason
+    alarm = AlarmTransition.objects.get(job=job, to_state=RuleState.ALARM)
+    assert "0.5" in alarm.reason, alarm.reason

@@ -294,10 +294,12 @@ class SystemSampler(threading.Thread):
 
     def sample(self) -> dict[str, str]:
         memory = psutil.virtual_memory()
-        gpu, gpu_memory = _gpu_usage(self._nvml)
+        gpu, gpu_memory, per_gpu = _gpu_usage(self._nvml)
         return {"n": self.node_name, "t": f"{time.time():.3f}", "cpu": f"{psutil.cpu_percent(None):.1f}",
                 "mem": str(memory.total - memory.available), "gpu": "" if gpu is None else f"{gpu:.1f}",
-                "gpu_mem": "" if gpu_memory is None else str(gpu_memory)}
+                "gpu_mem": "" if gpu_memory is None else str(gpu_memory),
+                # Each GPU's utilisation by index (the low_gpu_utilization rule names the GPU).
+                "gpus": ",".join(f"{u:.1f}" for u in per_gpu)}
 
     def publish(self) -> None:
         try:
@@ -323,18 +325,21 @@ def _open_nvml() -> Any:
         return None
 
 
-def _gpu_usage(nvml: Any) -> tuple[float | None, int | None]:
+def _gpu_usage(nvml: Any) -> tuple[float | None, int | None, list[float]]:
+    """(mean utilisation %, memory used in bytes, each GPU's utilisation %) — Nones and []
+    where there is no GPU or no driver."""
     if nvml is None:
-        return None, None
+        return None, None, []
     try:
         count = nvml.nvmlDeviceGetCount()
         if not count:
-            return None, None
-        utilisation = used = 0
+            return None, None, []
+        per_gpu: list[float] = []
+        used = 0
         for index in range(count):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            utilisation += nvml.nvmlDeviceGetUtilizationRates(handle).gpu
+            per_gpu.append(float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu))
             used += nvml.nvmlDeviceGetMemoryInfo(handle).used
-        return utilisation / count, int(used)
+        return sum(per_gpu) / count, int(used), per_gpu
     except Exception:  # noqa: BLE001
-        return None, None
+        return None, None, []
