@@ -46,9 +46,10 @@ CUSTOM_RULE = {"name": "loss-high", "type": "custom",
 
 
 def make_jobs(project, label: str, count: int = JOBS) -> list:
+    from django.utils import timezone
+
     from jobs.models import JobRule, JobStatus, TrainingJob
     from jobs.rules.engine import check_rules
-    from django.utils import timezone
 
     jobs = []
     for i in range(count):

@@ -14,7 +14,7 @@ from jobs.models import AlarmTransition, JobRule, RuleState, TrainingJob
 register = template.Library()
 
 STRIP_LENGTH = 30
-STATE_BADGES = {RuleState.OK: "green", RuleState.ALARM: "red", RuleState.INSUFFICIENT_DATA: "grey"}
+STATE_BADGES: dict[str, str] = {RuleState.OK: "green", RuleState.ALARM: "red", RuleState.INSUFFICIENT_DATA: "grey"}
 
 
 def action_words(actions: list[dict]) -> str:
