@@ -10,10 +10,20 @@ from django.template.loader import render_to_string
 from django.utils.safestring import SafeString, mark_safe
 
 from jobs.models import AlarmTransition, JobRule, RuleState, TrainingJob
+from jobs.rules.engine import RULE_TYPES
 
 register = template.Library()
 
 STRIP_LENGTH = 30
+# The form's hint per type: what to put in parameters (the rest take their defaults).
+DEFAULTS_SHOWN = {
+    "custom": '{"metric": "validation_loss", "statistic": "mean", "window": 5, "comparison": ">", "threshold": 2.0, '
+              '"datapoints_to_alarm": 2, "evaluation_periods": 3}',
+    "budget": '{"limit": 25.0, "projected": true}',
+    "stalled": '{"threshold_seconds": 1800}',
+    "loss_not_decreasing": '{"metric": "train_loss", "num_steps": 10, "diff_percent": 0.1}',
+    "overfit": '{"train_metric": "train_loss", "validation_metric": "validation_loss", "ratio_threshold": 0.1}',
+}
 STATE_BADGES: dict[str, str] = {RuleState.OK: "green", RuleState.ALARM: "red", RuleState.INSUFFICIENT_DATA: "grey"}
 
 
@@ -37,8 +47,8 @@ def _metric_of(t: AlarmTransition) -> str | None:
     return metric if isinstance(metric, str) else None
 
 
-@register.simple_tag
-def job_rules_panel(job: TrainingJob) -> SafeString:
+@register.simple_tag(takes_context=True)
+def job_rules_panel(context: template.Context, job: TrainingJob) -> SafeString:
     rules = list(JobRule.objects.filter(job=job).order_by("pk"))
     transitions = list(AlarmTransition.objects.filter(job=job).select_related("rule").order_by("-at", "-pk")[:STRIP_LENGTH])
     marks: list[dict[str, Any]] = [
@@ -46,6 +56,9 @@ def job_rules_panel(job: TrainingJob) -> SafeString:
          "reason": t.reason[:300], "metric": _metric_of(t)}
         for t in reversed(transitions) if t.to_state == RuleState.ALARM or t.from_state == RuleState.ALARM]
     rows = [{"rule": r, "badge": STATE_BADGES.get(r.state, "grey"), "actions": action_words(r.actions)} for r in rules]
+    request = context.get("request")
     return mark_safe(render_to_string("jobs/_rules.html", {  # noqa: S308 - the template escapes every value
         "job": job, "rows": rows, "transitions": transitions, "marks": marks,
-        "firing": sum(1 for r in rules if r.state == RuleState.ALARM and r.enabled)}))
+        "firing": sum(1 for r in rules if r.state == RuleState.ALARM and r.enabled),
+        "can_edit": bool(context.get("can_write")) and not job.is_finished(),
+        "types": [(t, DEFAULTS_SHOWN.get(t, "")) for t in RULE_TYPES]}, request=request))

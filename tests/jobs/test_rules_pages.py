@@ -54,3 +54,29 @@ def test_the_alarms_page_says_when_nothing_fires(client, owner):
     client.force_login(owner)
     html = client.get("/alarms/").content.decode()
     assert 'id="alarms-empty"' in html and "Nothing is firing" in html
+
+
+def test_a_scientist_adds_switches_and_deletes_a_rule_on_the_job_page(client, teammate, viewer, project):
+    job = make_job(project, name="running", submitted=True, status=JobStatus.TRAINING, started_at=timezone.now())
+    client.force_login(viewer)
+    assert 'id="rule-add"' not in client.get(f"/jobs/{job.pk}/").content.decode()
+    assert client.post(f"/jobs/{job.pk}/rules/add/", {"type": "stalled"}).status_code == 403
+    assert not JobRule.objects.filter(job=job).exists()
+    client.force_login(teammate)
+    assert 'id="rule-add"' in client.get(f"/jobs/{job.pk}/").content.decode()
+    response = client.post(f"/jobs/{job.pk}/rules/add/", {"type": "stalled", "parameters": '{"threshold_seconds": 600}',
+                                                          "actions": ["stop", "bogus"]}, follow=True)
+    rule = JobRule.objects.get(job=job, name="stalled")
+    assert rule.parameters["threshold_seconds"] == 600 and rule.actions == [{"type": "stop"}]
+    assert "Rule stalled added" in response.content.decode()
+    bad = client.post(f"/jobs/{job.pk}/rules/add/", {"type": "custom", "parameters": '{"metric": "loss", "window": 0}'},
+                      follow=True).content.decode()
+    assert "Rule not added: parameters." in bad
+    assert "parameters must be a JSON object" in client.post(
+        f"/jobs/{job.pk}/rules/add/", {"type": "stalled", "parameters": "{oops"}, follow=True).content.decode()
+    client.post(f"/jobs/{job.pk}/rules/{rule.pk}/toggle/")
+    rule.refresh_from_db()
+    assert rule.enabled is False
+    client.post(f"/jobs/{job.pk}/rules/{rule.pk}/delete/")
+    assert not JobRule.objects.filter(pk=rule.pk).exists()
+    assert client.get(f"/jobs/{job.pk}/rules/add/").status_code == 405
