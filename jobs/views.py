@@ -183,6 +183,7 @@ def _clone_payload(job_id: int, submission: dict) -> dict:
         "hyperparameters": submission["hyperparameters"],
         "inputs": submission["inputs"],
         "metric_definitions": submission["metric_definitions"],
+        "rules": submission.get("rules", []),
     }
 
 

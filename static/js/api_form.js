@@ -118,7 +118,9 @@
       if (found.length) return found[0];
       parts.pop();
     }
-    return null;
+    // A list's item ("rules[2].parameters.window") belongs to the list's field ("rules").
+    var list = path.split(/[.[]/)[0];
+    return list !== path ? form.querySelector('.field[data-field="' + list + '"]') : null;
   }
 
   function clearError(form, path) {
@@ -151,6 +153,8 @@
       placed += 1;
       field.classList.add("has-error");
       var detail = fields[path].join(" ");
+      // Placed on a field that holds more than this one value: say which part is wrong.
+      if (field.getAttribute("data-field") !== path) detail = path + ": " + detail;
       if (options.detail) detail = options.detail(field, path, detail);
       slot.textContent = (slot.textContent ? slot.textContent + " " : "") + detail;
       slot.hidden = false;

@@ -322,6 +322,15 @@
     var env = api.parseLines(form.elements.environment.value, "KEY=value");
     if (env.problems.length) errors.environment = env.problems;
     body.environment = env.values;
+    var rulesText = form.elements.rules ? form.elements.rules.value.trim() : "";
+    if (rulesText) {
+      try {
+        body.rules = JSON.parse(rulesText);
+        if (!Array.isArray(body.rules)) errors.rules = ["Rules are a JSON list: [{\"type\": \"stalled\"}, …]."];
+      } catch (e) {
+        errors.rules = ["Not JSON: " + e.message];
+      }
+    }
     if (mode() === "algorithm") {
       body.algorithm = form.elements.algorithm.value;
     } else {
@@ -409,6 +418,9 @@
       return name + "=" + (typeof value === "string" ? value : JSON.stringify(value));
     }).join("\n");
     (clone.metric_definitions || []).forEach(metricRow);
+  }
+  if (clone && clone.rules && clone.rules.length && form.elements.rules) {
+    form.elements.rules.value = JSON.stringify(clone.rules, null, 1);
   }
   if (!metricRows.children.length) metricRow(null);
   showMode();
