@@ -153,8 +153,8 @@
       placed += 1;
       field.classList.add("has-error");
       var detail = fields[path].join(" ");
-      // Placed on a field that holds more than this one value: say which part is wrong.
-      if (field.getAttribute("data-field") !== path) detail = path + ": " + detail;
+      // Placed on a list's field for one of its items: say which item and part is wrong.
+      if (path.indexOf("[") !== -1 && field.getAttribute("data-field") !== path) detail = path + ": " + detail;
       if (options.detail) detail = options.detail(field, path, detail);
       slot.textContent = (slot.textContent ? slot.textContent + " " : "") + detail;
       slot.hidden = false;
