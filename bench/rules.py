@@ -80,6 +80,7 @@ def _watcher_process(ready, done, stop) -> None:
     from jobs.rules.watcher import RuleWatcher, run_watcher
 
     connections.close_all()
+    os.nice(int(os.environ.get("BENCH_WATCHER_NICE", "0")))
     watcher = RuleWatcher(discover_seconds=0.5)
     thread = threading.Thread(target=run_watcher, args=(stop,), kwargs={"watcher": watcher}, daemon=True)
     thread.start()

@@ -79,7 +79,7 @@ from jobs.rules.common import (
     _listing,
 )
 from jobs.rules.custom import _Custom
-from jobs.rules.evaluation import Evaluator, GpuSample, Point, Transition
+from jobs.rules.evaluation import Evaluator, GpuSample, Point, PointColumns, Transition
 from jobs.rules.spec import DEFAULT_RULES, check_rule, check_rules
 
 _EVALUATORS: dict[str, type[Evaluator]] = {
@@ -102,7 +102,7 @@ def evaluator(spec: dict, *, started_at: float, state: str = INSUFFICIENT_DATA,
 
 __all__ = [
     "ACTION_TYPES", "ALARM", "BUILTIN_TYPES", "COMPARISONS", "DEFAULT_RULES", "INSUFFICIENT_DATA", "MISSING_DATA_POLICIES",
-    "NAME_RE", "OK", "RULE_KEYS", "RULE_TYPES", "STATES", "STATISTICS", "Evaluator", "GpuSample", "Point", "RuleError",
+    "NAME_RE", "OK", "RULE_KEYS", "RULE_TYPES", "STATES", "STATISTICS", "Evaluator", "GpuSample", "Point", "PointColumns", "RuleError",
     "Transition", "check_rule", "check_rules", "evaluator",
 ]
 

@@ -5,8 +5,9 @@ grouped by (metric, rank) once for all of a job's rules, and the Evaluator base 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from operator import itemgetter
 from typing import Any, NamedTuple
 
@@ -98,6 +99,29 @@ def _grouped(points: Sequence[Point]) -> dict[tuple[str, int], _Group]:
     return groups
 
 
+class PointColumns(Sequence[Point]):
+    """One metric's points on one rank as columns — the watcher's fast path: its parser
+    makes the columns straight from the stream entries and the evaluators read them as
+    they are; a Point object is made only when one is asked for (a transition's, say).
+    Treat it as immutable once handed to a rule, like any batch."""
+
+    __slots__ = ("name", "rank", "steps", "values", "times")
+
+    def __init__(self, name: str, rank: int, steps: list[int], values: list[float], times: list[float]) -> None:
+        self.name, self.rank, self.steps, self.values, self.times = name, rank, steps, values, times
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __getitem__(self, index):  # type: ignore[override]  # noqa: ANN001, ANN204 - int or slice, as a list takes
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return Point(self.name, self.steps[index], self.values[index], self.times[index], self.rank)
+
+    def __iter__(self) -> Iterator[Point]:
+        return map(Point, repeat(self.name), self.steps, self.values, self.times, repeat(self.rank))
+
+
 class _Batch:
     __slots__ = ("source", "length", "first", "last", "groups", "min_time", "max_time")
 
@@ -105,7 +129,7 @@ class _Batch:
         self.source = points
         self.length = len(points)
         self.first, self.last = points[0], points[-1]
-        groups = _grouped(points)
+        groups = _columns_group(points) if isinstance(points, PointColumns) else _grouped(points)
         self.groups = groups
         self.min_time, self.max_time = _INF, -_INF
         for group in groups.values():
@@ -124,6 +148,13 @@ class _Batch:
             self.max_time = max(self.max_time, group.max_time)
 
 
+def _columns_group(columns: PointColumns) -> dict[tuple[str, int], _Group]:
+    group = _Group()
+    group.points, group.indices = columns, range(len(columns))  # type: ignore[assignment]
+    group.values, group.steps, group.times = columns.values, columns.steps, columns.times
+    return {(columns.name, columns.rank): group}
+
+
 _last_batch: _Batch | None = None
 
 
@@ -132,6 +163,8 @@ def _batch_of(points: Sequence[Point]) -> _Batch:
     global _last_batch
     batch = _last_batch
     # The same list object refilled in place (a reused buffer) holds new Point objects: compare its ends too.
+    if batch is not None and batch.source is points and isinstance(points, PointColumns):
+        return batch  # immutable columns: their own identity says it all
     if (batch is None or batch.source is not points or batch.length != len(points)
             or batch.first is not points[0] or batch.last is not points[-1]):
         batch = _last_batch = _Batch(points)
@@ -172,7 +205,7 @@ class Evaluator:
 
     def observe(self, points: Sequence[Point]) -> list[Transition]:
         out = self._take_pending()
-        if not isinstance(points, list | tuple):
+        if not isinstance(points, list | tuple | PointColumns):
             points = list(points)
         if self.finished or not self.enabled or not points:
             return out

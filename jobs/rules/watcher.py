@@ -41,7 +41,7 @@ from django.db import close_old_connections, connection
 
 from jobs.metrics import metrics_redis, parse_number, stream_items, text
 from jobs.models import JobRule, TrainingJob
-from jobs.rules.engine import INSUFFICIENT_DATA, Evaluator, GpuSample, Point, Transition, evaluator
+from jobs.rules.engine import INSUFFICIENT_DATA, Evaluator, GpuSample, Point, PointColumns, Transition, evaluator
 from jobs.rules.store import record
 from trainyard.protocol import LOGS_STREAM, METRICS_STREAM, SYSTEM_STREAM, key
 
@@ -308,6 +308,9 @@ class RuleWatcher:
         if watched is not None:
             every: list[Point] = []  # from entries parsed whole: for the other rules
             curve: list[Point] = []  # those plus the picked-out points, in stream order: for the curve rules
+            # The fast path: the curve rules watch one metric and no entry of this read is parsed
+            # whole — its points go to them as columns per rank (jobs.rules.engine.PointColumns).
+            columns: dict[int, tuple[list[int], list[float], list[float]]] | None = {} if len(watched.names) == 1 else None
             waiting = watched.waiting()
             for entry_id, fields in entries:
                 if fields is None:
@@ -319,18 +322,26 @@ class RuleWatcher:
                 payload = fields.get(b"p", b"")
                 rank = fields.get(b"r", b"0")
                 if b"NaN" in payload or b"Infinity" in payload:
+                    if columns:
+                        curve.extend(_points_of(columns, watched.names))
+                    columns = None
                     points = parse_points(payload, rank=rank)  # every rule sees every point
                     every.extend(points)
                     curve.extend(points)
                 else:
-                    picked = extract_points(payload, watched.names, rank=rank) if watched.names else []
                     if waiting:
                         # A rule waits for its first datum: the first point of each metric tells
                         # it (and the names it lists if none comes) without parsing the rest.
+                        if columns:
+                            curve.extend(_points_of(columns, watched.names))
+                        columns = None
                         firsts = first_points(payload, rank=rank)
                         every.extend(firsts)
                         curve.extend(p for p in firsts if p.name not in watched.names)
-                    curve.extend(picked)
+                    if columns is not None:
+                        extract_columns(payload, next(iter(watched.names)), rank, columns)
+                    elif watched.names:
+                        curve.extend(extract_points(payload, watched.names, rank=rank))
                     for w in watched.rules.values():
                         w.evaluator.observe_activity(at)
                 if waiting:
@@ -339,7 +350,16 @@ class RuleWatcher:
                     self._feed(watched, every, curve)
                     every, curve = [], []
                     waiting = watched.waiting()
+                    if not waiting and len(watched.names) == 1:
+                        columns = {}  # all fed so far: the rest may take the fast path
             self._feed(watched, every, curve)
+            if columns:
+                name = next(iter(watched.names))
+                for rank_number, (steps, values, times) in columns.items():
+                    batch = PointColumns(name, rank_number, steps, values, times)
+                    self.points_seen += len(batch)
+                    for w in list(watched.curve):
+                        self._record(w, w.evaluator.observe(batch))
         try:
             self.redis.xack(key(METRICS_STREAM, job_id), RULES_GROUP, *ids)
         except redis.RedisError:
@@ -487,6 +507,52 @@ def _first_of_each(points: list[Point]) -> list[Point]:
     for point in points:
         seen.setdefault(point.name, point)
     return list(seen.values())
+
+
+def _points_of(columns: dict[int, tuple[list[int], list[float], list[float]]], names: frozenset[str]) -> list[Point]:
+    """Columns gathered so far as points (a later entry of the same read needs the slow path)."""
+    name = next(iter(names))
+    points = [_point(Point, (name, step, value, at, rank))
+              for rank, (steps, values, times) in columns.items() for step, value, at in zip(steps, values, times, strict=True)]
+    columns.clear()
+    return points
+
+
+def extract_columns(payload: bytes, name: str, rank: bytes | str,
+                    columns: dict[int, tuple[list[int], list[float], list[float]]]) -> None:
+    """Append one metric's points in a stream entry to `columns` (rank → steps, values,
+    times) without making a Point of any."""
+    pattern = _name_pattern(name)
+    try:
+        rank_number = int(rank)
+    except (ValueError, TypeError):
+        return
+    found = pattern.findall(payload)
+    if not found:
+        if json.dumps(name).encode() in payload:  # another writer's spacing: the forgiving path
+            for p in parse_points(payload, rank=rank):
+                if p.name == name:
+                    steps, values, times = columns.setdefault(rank_number, ([], [], []))
+                    steps.append(p.step), values.append(p.value), times.append(p.time)
+        return
+    steps, values, times = columns.setdefault(rank_number, ([], [], []))
+    try:
+        new_steps = list(map(int, map(_first, found)))
+        new_values = list(map(float, map(_second, found)))
+        new_times = list(map(float, map(_third, found)))
+    except ValueError:  # an odd number somewhere: this entry point by point
+        for p in parse_points(payload, rank=rank):
+            if p.name == name:
+                steps.append(p.step), values.append(p.value), times.append(p.time)
+        return
+    steps.extend(new_steps), values.extend(new_values), times.extend(new_times)
+
+
+@functools.lru_cache(maxsize=256)
+def _name_pattern(name: str) -> re.Pattern[bytes]:
+    """One metric's points; the name is a literal prefix, which the regex engine searches
+    for fast (an alternation in a group would make it try every '[')."""
+    return re.compile(re.escape(b"[" + json.dumps(name).encode() + b", ") + rb"(-?\d+), ([^,\]]+), ([^,\]]+)\]")
 
 
 def extract_points(payload: bytes, names: frozenset[str], *, rank: bytes | str) -> list[Point]:
