@@ -4,6 +4,7 @@
     GET/PATCH/DELETE /api/v1/jobs/<id>/rules/<rule>/  one rule
     GET /api/v1/jobs/<id>/alarm-transitions/          every state change of the job's rules
     GET /api/v1/alarms/?project=&state=ALARM          what is firing across the projects you read
+                                                      (running jobs; ?finished=true adds finished ones)
 
 A rule with bad parameters is a 400 naming the field (`parameters.window`); a finished
 job's rules no longer change (409)."""
@@ -18,7 +19,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from jobs.access import get_job_for_user
-from jobs.models import AlarmTransition, JobRule, RuleState
+from jobs.models import FINISHED_STATUSES, AlarmTransition, JobRule, RuleState
 from jobs.rules.engine import RuleError
 from jobs.rules.store import RuleConflict, add_rule, update_rule
 from jobs.serializers import AlarmTransitionSerializer, RuleSerializer, RuleSpecSerializer
@@ -158,7 +159,9 @@ class AlarmListView(PaginatedAPIView):
     @extend_schema(
         parameters=[OpenApiParameter("project", str), OpenApiParameter("state", str, enum=RuleState.values,
                                                                          description="Default ALARM (what is firing)"),
-                    OpenApiParameter("job", int)],
+                    OpenApiParameter("job", int),
+                    OpenApiParameter("finished", bool, description="Include finished jobs' rules (default: running "
+                                     "and pending jobs only — a stopped job's alarm is history, not something firing)")],
         responses=AlarmSerializer(many=True), summary="Rules in a state across the projects you can read (default: firing)")
     def get(self, request: Request) -> Response:
         params = request.query_params
@@ -170,5 +173,10 @@ class AlarmListView(PaginatedAPIView):
             rules = rules.filter(job__project=get_project_for_user(request.user, slug))
         if (job_id := id_param(params, "job")) is not None:
             rules = rules.filter(job_id=job_id)
+        finished = params.get("finished", "false").lower()
+        if finished not in ("true", "false", "1", "0"):
+            raise ApiError("finished: use true or false.", fields={"finished": ["Must be true or false."]})
+        if finished in ("false", "0") and job_id is None:
+            rules = rules.exclude(job__status__in=FINISHED_STATUSES)
         rules = rules.select_related("job", "job__project").order_by("-state_changed_at", "-pk")
         return paginate(self, request, rules, lambda page: AlarmSerializer(page, many=True).data)

@@ -30,7 +30,17 @@ from django.utils import timezone
 
 from datasets.storage import StorageError, join_uri, object_uri
 from jobs import cost
-from jobs.models import FINISHED_STATUSES, JobAttempt, JobInput, JobStatus, Node, NodeState, TrainingJob
+from jobs.models import (
+    EARLY_STOPPED,
+    FINISHED_STATUSES,
+    RULE_TRIGGERED,
+    JobAttempt,
+    JobInput,
+    JobStatus,
+    Node,
+    NodeState,
+    TrainingJob,
+)
 from jobs.runner import artifacts
 from jobs.runner.config import RunnerConfig
 from jobs.runner.lease import LeaseKeeper
@@ -569,8 +579,18 @@ class NodeRun:
                        stop_reason=MAX_RUNTIME_EXCEEDED, failure_reason=message)
         else:
             transition(self.job_id, JobStatus.STOPPED, from_statuses=[JobStatus.STOPPING],
-                       message="stopped on request")
+                       message=self._stopped_message())
         return "stopped"
+
+    def _stopped_message(self) -> str:
+        """The final timeline entry in the words of whoever asked: a person, a search's
+        pruner, or one of the job's rules (jobs.rules)."""
+        reason, rule = TrainingJob.objects.filter(pk=self.job_id).values_list("stop_reason", "stop_rule").first() or ("", "")
+        if reason == RULE_TRIGGERED and rule:
+            return f"stopped by its rule {rule}"
+        if reason == EARLY_STOPPED:
+            return "stopped by its tuning job's pruner"
+        return "stopped on request"
 
     def _stopped_before_launch(self) -> str:
         status = self._status()

@@ -66,8 +66,10 @@
                  line: { color: "#bd2b2b", width: 1, dash: "dot" } };
       }),
       annotations: marks.map(function (m) {
-        return { x: m.step, xref: "x", y: 1, yref: "paper", yanchor: "bottom", showarrow: false,
-                 text: escapeLabel(m.rule), hovertext: escapeLabel(m.reason), font: { size: 10, color: "#bd2b2b" } };
+        // Inside the plot, beside its line: the chart's top margin is too thin to hold a label.
+        return { x: m.step, xref: "x", y: 1, yref: "paper", yanchor: "top", xanchor: "left", xshift: 3, showarrow: false,
+                 text: escapeLabel(m.rule), hovertext: escapeLabel(m.reason), bgcolor: "rgba(255,255,255,0.8)",
+                 font: { size: 10, color: "#bd2b2b" } };
       }),
     });
   }

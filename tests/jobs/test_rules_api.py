@@ -133,6 +133,11 @@ def test_the_alarms_list_shows_what_is_firing_in_readable_projects(viewer, outsi
     assert [(r["name"], r["job"]["name"]) for r in listed["results"]] == [("hot", "running")]
     assert client_for(viewer).get("/api/v1/alarms/?state=OK").json()["count"] == 1
     assert client_for(viewer).get("/api/v1/alarms/?state=WEIRD").status_code == 400
+    assert client_for(viewer).get("/api/v1/alarms/?finished=maybe").status_code == 400
+    TrainingJob.objects.filter(pk=running.pk).update(status=JobStatus.STOPPED)
+    assert client_for(viewer).get("/api/v1/alarms/").json()["count"] == 0  # history now, not firing
+    assert client_for(viewer).get("/api/v1/alarms/?finished=true").json()["count"] == 1
+    TrainingJob.objects.filter(pk=running.pk).update(status=JobStatus.TRAINING)
     assert client_for(outsider).get("/api/v1/alarms/").json()["count"] == 0
     transitions = client_for(viewer).get(f"/api/v1/jobs/{running.pk}/alarm-transitions/").json()
     assert [(t["rule"], t["to_state"]) for t in transitions["results"]] == [("hot", "ALARM")]
