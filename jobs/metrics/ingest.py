@@ -63,6 +63,9 @@ CLAIM_IDLE_MS = 60_000  # pending this long, the consumer that read it is presum
 # Written entries stay in the stream this long, so a live chart that reconnects resumes
 # from its Last-Event-ID without a gap; older history comes from the database.
 STREAM_RETENTION_MS = 15 * 60 * 1000
+# Entries the rule watcher has not evaluated are kept this long at most (see Flusher._trim).
+RULES_LAG_LIMIT_MS = 60 * 60 * 1000
+RULES_GROUP = "rules"  # jobs.rules.watcher's consumer group (named here: jobs.rules imports this module's package)
 FINISHED_STREAM_TTL_SECONDS = 24 * 3600
 DRAIN_SECONDS = 10.0
 # The longest one read waits before the set of active jobs is looked at again: a job that
@@ -425,18 +428,30 @@ class Flusher:
             log.info("job %s: metrics drained; no longer watched", job_id)
 
     def _trim(self, jobs: list[int]) -> None:
-        """Delete written entries older than the resume window, never an unwritten one."""
-        cutoff = (int(time.time() * 1000) - STREAM_RETENTION_MS, 0)
+        """Delete written entries older than the resume window, never an unwritten one, nor
+        one the rule watcher (its own group, jobs.rules.watcher) has not evaluated yet — unless
+        that is older than RULES_LAG_LIMIT_MS: a watcher that is gone must not keep a stream
+        growing for ever."""
+        now_ms = int(time.time() * 1000)
+        cutoff = (now_ms - STREAM_RETENTION_MS, 0)
+        floor = (now_ms - RULES_LAG_LIMIT_MS, 0)
         for job_id in jobs:
             for stream in job_keys(job_id):
                 try:
-                    group = next((g for g in self.redis.xinfo_groups(stream) if text(g["name"]) == FLUSHER_GROUP), None)
+                    groups = {text(g["name"]): g for g in self.redis.xinfo_groups(stream)}
+                    group = groups.get(FLUSHER_GROUP)
                     if group is None:
                         continue
                     bound = min(cutoff, _id_tuple(group["last-delivered-id"]))
                     pending = self.redis.xpending(stream, FLUSHER_GROUP)
                     if pending["pending"]:
                         bound = min(bound, _id_tuple(pending["min"]))
+                    if (rules := groups.get(RULES_GROUP)) is not None:
+                        waiting = _id_tuple(rules["last-delivered-id"])
+                        rules_pending = self.redis.xpending(stream, RULES_GROUP)
+                        if rules_pending["pending"]:
+                            waiting = min(waiting, _id_tuple(rules_pending["min"]))
+                        bound = min(bound, max(waiting, floor))
                     if bound > (0, 0):
                         self.redis.xtrim(stream, minid=f"{bound[0]}-{bound[1]}", approximate=True)
                 except redis.ResponseError:

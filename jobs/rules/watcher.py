@@ -40,6 +40,9 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 
 from jobs.metrics import metrics_redis, parse_number, stream_items, text
+
+# The watcher's consumer group; the flusher's trim keeps what it has not evaluated.
+from jobs.metrics.ingest import RULES_GROUP
 from jobs.models import JobRule, TrainingJob
 from jobs.rules.engine import INSUFFICIENT_DATA, Evaluator, GpuSample, Point, PointColumns, Transition, evaluator
 from jobs.rules.store import record
@@ -47,7 +50,6 @@ from trainyard.protocol import LOGS_STREAM, METRICS_STREAM, SYSTEM_STREAM, key
 
 log = logging.getLogger(__name__)
 
-RULES_GROUP = "rules"
 LEADER_KEY = "trainyard:rules:leader"
 LEADER_TTL_MS = 10_000
 DISCOVER_SECONDS = 2.0

@@ -217,3 +217,24 @@ def test_a_budget_rule_stops_a_job_whose_cost_passes_its_limit(project, watcher,
     assert (job.status, job.stop_rule) == (JobStatus.STOPPING, "budget"), JobRule.objects.get(job=job, name="budget").state_reason
     alarm = AlarmTransition.objects.get(job=job, to_state=RuleState.ALARM)
     assert "0.5" in alarm.reason, alarm.reason
+
+
+def test_the_flusher_keeps_entries_the_watcher_has_not_evaluated(project, watcher, monkeypatch):
+    from jobs.metrics import ingest
+
+    job = running_job(project, [])
+    stream = key(METRICS_STREAM, job.pk)
+    w = watcher()
+    run(w)  # the watcher's group exists
+    for step in range(1, 301):  # whole macro-nodes of the stream, which an approximate XTRIM removes
+        send(job, [("loss", step, 1.0)], at=time.time() - 3600 * 2)
+    flusher = ingest.Flusher(redis_client(), discover_running=False)
+    flusher._running = {job.pk}
+    while flusher.flush_once(block_ms=0):
+        pass
+    monkeypatch.setattr(ingest, "STREAM_RETENTION_MS", 0)
+    flusher._trim([job.pk])
+    assert redis_client().xlen(stream) == 300, "written, but not evaluated yet: kept"
+    run(w, 10)
+    flusher._trim([job.pk])
+    assert redis_client().xlen(stream) < 300, "evaluated too: trimmed"
