@@ -534,8 +534,7 @@ def extract_columns(payload: bytes, name: str, rank: bytes | str,
         if json.dumps(name).encode() in payload:  # another writer's spacing: the forgiving path
             for p in parse_points(payload, rank=rank):
                 if p.name == name:
-                    steps, values, times = columns.setdefault(rank_number, ([], [], []))
-                    steps.append(p.step), values.append(p.value), times.append(p.time)
+                    _add_point(columns.setdefault(rank_number, ([], [], [])), p)
         return
     steps, values, times = columns.setdefault(rank_number, ([], [], []))
     try:
@@ -545,9 +544,17 @@ def extract_columns(payload: bytes, name: str, rank: bytes | str,
     except ValueError:  # an odd number somewhere: this entry point by point
         for p in parse_points(payload, rank=rank):
             if p.name == name:
-                steps.append(p.step), values.append(p.value), times.append(p.time)
+                _add_point((steps, values, times), p)
         return
-    steps.extend(new_steps), values.extend(new_values), times.extend(new_times)
+    steps.extend(new_steps)
+    values.extend(new_values)
+    times.extend(new_times)
+
+
+def _add_point(column: tuple[list[int], list[float], list[float]], point: Point) -> None:
+    column[0].append(point.step)
+    column[1].append(point.value)
+    column[2].append(point.time)
 
 
 @functools.lru_cache(maxsize=256)
