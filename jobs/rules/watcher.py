@@ -537,10 +537,15 @@ def extract_columns(payload: bytes, name: str, rank: bytes | str,
                     _add_point(columns.setdefault(rank_number, ([], [], [])), p)
         return
     steps, values, times = columns.setdefault(rank_number, ([], [], []))
+    # One group per point ("12, 0.25, 1764620000.5"), joined and split once: cheaper than three
+    # groups, whose tuples cost more than the parsing.
+    flat = b", ".join(found).split(b", ")
     try:
-        new_steps = list(map(int, map(_first, found)))
-        new_values = list(map(float, map(_second, found)))
-        new_times = list(map(float, map(_third, found)))
+        if len(flat) != 3 * len(found):
+            raise ValueError("not three numbers a point")
+        new_steps = list(map(int, flat[0::3]))
+        new_values = list(map(float, flat[1::3]))
+        new_times = list(map(float, flat[2::3]))
     except ValueError:  # an odd number somewhere: this entry point by point
         for p in parse_points(payload, rank=rank):
             if p.name == name:
@@ -561,7 +566,7 @@ def _add_point(column: tuple[list[int], list[float], list[float]], point: Point)
 def _name_pattern(name: str) -> re.Pattern[bytes]:
     """One metric's points; the name is a literal prefix, which the regex engine searches
     for fast (an alternation in a group would make it try every '[')."""
-    return re.compile(re.escape(b"[" + json.dumps(name).encode() + b", ") + rb"(-?\d+), ([^,\]]+), ([^,\]]+)\]")
+    return re.compile(re.escape(b"[" + json.dumps(name).encode() + b", ") + rb"(-?\d+, [^,\]]+, [^,\]]+)\]")
 
 
 def extract_points(payload: bytes, names: frozenset[str], *, rank: bytes | str) -> list[Point]:
