@@ -238,3 +238,28 @@ def test_the_flusher_keeps_entries_the_watcher_has_not_evaluated(project, watche
     run(w, 10)
     flusher._trim([job.pk])
     assert redis_client().xlen(stream) < 300, "evaluated too: trimmed"
+
+
+def test_the_fast_parsers_agree_with_json_on_odd_payloads():
+    """extract_columns / extract_points / first_points give what json.loads gives, for the
+    payloads the SDK and the log capture write (any name, negative steps, tiny and huge
+    floats) and fall back on payloads with another spacing."""
+    import random
+
+    from jobs.rules.watcher import extract_columns, extract_points, first_points, parse_points
+
+    rng = random.Random(7)
+    names = ["loss", 'va"l/loss', "accuracy é", "loss_2", "l"]
+    raw = [[rng.choice(names), rng.randint(-5, 10**12), rng.choice([0.0, -0.0, 1e-300, 1e300, rng.random(), 12.5]),
+            1764620000.0 + rng.random() * 1000] for _ in range(500)]
+    for payload in (json.dumps(raw).encode(), json.dumps(raw, separators=(",", ":")).encode()):
+        every = parse_points(payload, rank=b"3")
+        for name in names:
+            want = [p for p in every if p.name == name]
+            columns: dict = {}
+            extract_columns(payload, name, b"3", columns)
+            got = columns.get(3, ([], [], []))
+            assert got == ([p.step for p in want], [p.value for p in want], [p.time for p in want]), name
+            assert extract_points(payload, frozenset({name}), rank=b"3") == want, name
+        firsts = {p.name: p for p in reversed(every)}
+        assert sorted(first_points(payload, rank=b"3")) == sorted(firsts.values())
