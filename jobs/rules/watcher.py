@@ -334,12 +334,27 @@ class RuleWatcher:
                     if waiting:
                         # A rule waits for its first datum: the first point of each metric tells
                         # it (and the names it lists if none comes) without parsing the rest.
+                        firsts = first_points(payload, rank=rank)
+                        every.extend(firsts)
+                        others = [p for p in firsts if p.name not in watched.names]
+                        if columns is not None and not curve:
+                            # The curve rules take this entry at once, as columns (below, `waiting`
+                            # feeds the rest): the other metrics' first points, then their own.
+                            self._feed_columns(watched, columns)
+                            self._feed(watched, [], others)
+                            extract_columns(payload, next(iter(watched.names)), rank, columns)
+                            self._feed_columns(watched, columns)
+                            for w in watched.rules.values():
+                                w.evaluator.observe_activity(at)
+                            watched.full_parses_left -= 1
+                            self._feed(watched, every, [])
+                            every = []
+                            waiting = watched.waiting()
+                            continue
                         if columns:
                             curve.extend(_points_of(columns, watched.names))
                         columns = None
-                        firsts = first_points(payload, rank=rank)
-                        every.extend(firsts)
-                        curve.extend(p for p in firsts if p.name not in watched.names)
+                        curve.extend(others)
                     if columns is not None:
                         extract_columns(payload, next(iter(watched.names)), rank, columns)
                     elif watched.names:
@@ -356,12 +371,7 @@ class RuleWatcher:
                         columns = {}  # all fed so far: the rest may take the fast path
             self._feed(watched, every, curve)
             if columns:
-                name = next(iter(watched.names))
-                for rank_number, (steps, values, times) in columns.items():
-                    batch = PointColumns(name, rank_number, steps, values, times)
-                    self.points_seen += len(batch)
-                    for w in list(watched.curve):
-                        self._record(w, w.evaluator.observe(batch))
+                self._feed_columns(watched, columns)
         try:
             self.redis.xack(key(METRICS_STREAM, job_id), RULES_GROUP, *ids)
         except redis.RedisError:
@@ -376,6 +386,17 @@ class RuleWatcher:
         if curve:
             for w in list(watched.curve):
                 self._record(w, w.evaluator.observe(curve))
+
+    def _feed_columns(self, watched: WatchedJob, columns: dict[int, tuple[list[int], list[float], list[float]]]) -> None:
+        """The curve rules' one metric, gathered as columns per rank, to the curve rules; then
+        empty (a fresh list per batch: a batch handed to rules is never changed)."""
+        name = next(iter(watched.names))
+        for rank_number, (steps, values, times) in columns.items():
+            batch = PointColumns(name, rank_number, steps, values, times)
+            self.points_seen += len(batch)
+            for w in list(watched.curve):
+                self._record(w, w.evaluator.observe(batch))
+        columns.clear()
 
     def _read_activity(self, job_ids: list[int]) -> None:
         logs = {key(LOGS_STREAM, j): j for j in job_ids}
