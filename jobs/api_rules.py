@@ -21,7 +21,7 @@ from rest_framework.views import APIView
 from jobs.access import get_job_for_user
 from jobs.models import FINISHED_STATUSES, AlarmTransition, JobRule, RuleState
 from jobs.rules.engine import RuleError
-from jobs.rules.store import RuleConflict, add_rule, update_rule
+from jobs.rules.store import RuleConflict, add_rule, delete_rule, update_rule
 from jobs.serializers import AlarmTransitionSerializer, RuleSerializer, RuleSpecSerializer
 from studio.access import get_project_for_user
 from studio.api import ApiError, PaginatedAPIView, id_param, paginate
@@ -137,9 +137,10 @@ class JobRuleDetailView(APIView):
     @extend_schema(responses={204: None})
     def delete(self, request: Request, pk: int, rule_id: int) -> Response:
         rule, finished = self._rule(request, pk, rule_id, write=True)
-        if finished:
-            raise conflict("The job has finished; its rules and their history are kept.")
-        rule.delete()
+        try:
+            delete_rule(rule, job_finished=finished)
+        except RuleConflict as exc:
+            raise conflict(str(exc)) from exc
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

@@ -12,9 +12,9 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from jobs.access import get_job_for_user
-from jobs.models import JobRule
+from jobs.models import JobRule, TrainingJob
 from jobs.rules.engine import ACTION_TYPES, RuleError
-from jobs.rules.store import RuleConflict, add_rule, update_rule
+from jobs.rules.store import RuleConflict, add_rule, delete_rule, update_rule
 from studio.views import page
 
 
@@ -47,11 +47,15 @@ def rule_add(request: HttpRequest, pk: int) -> HttpResponse:
     return _back(pk)
 
 
+def _job_and_rule(request: HttpRequest, pk: int, rule_id: int) -> tuple[TrainingJob, JobRule]:
+    job = get_job_for_user(request.user, pk, write=True)
+    return job, get_object_or_404(JobRule, job=job, pk=rule_id)
+
+
 @page
 @require_POST
 def rule_toggle(request: HttpRequest, pk: int, rule_id: int) -> HttpResponse:
-    job = get_job_for_user(request.user, pk, write=True)
-    rule = get_object_or_404(JobRule, job=job, pk=rule_id)
+    job, rule = _job_and_rule(request, pk, rule_id)
     try:
         update_rule(rule, {"enabled": not rule.enabled}, job_finished=job.is_finished())
     except (RuleError, RuleConflict) as exc:
@@ -64,11 +68,11 @@ def rule_toggle(request: HttpRequest, pk: int, rule_id: int) -> HttpResponse:
 @page
 @require_POST
 def rule_delete(request: HttpRequest, pk: int, rule_id: int) -> HttpResponse:
-    job = get_job_for_user(request.user, pk, write=True)
-    rule = get_object_or_404(JobRule, job=job, pk=rule_id)
-    if job.is_finished():
-        messages.error(request, "The job has finished; its rules and their history are kept.")
+    job, rule = _job_and_rule(request, pk, rule_id)
+    try:
+        delete_rule(rule, job_finished=job.is_finished())
+    except RuleConflict as exc:
+        messages.error(request, str(exc))
     else:
-        rule.delete()
         messages.success(request, f"Rule {rule.name} deleted.")
     return _back(pk)

@@ -5,9 +5,9 @@
   agent's usual stop path runs (SIGTERM, grace, SIGKILL) and syncs the checkpoints, so the
   newest checkpoint is kept; a tuning job counts the trial as pruned.
 - `tag`: on a transition into ALARM, the tag is added to the job's tags (once).
-- `notify`: on every transition (or those into the states in its `on` list), one delivery
-  per channel of the project (studio.notify: a signed webhook POST or an e-mail, retried
-  with back-off, each delivery recorded). A channel that is down never affects the job.
+- `notify`: on every transition, one delivery per channel of the project (studio.notify:
+  a signed webhook POST or an e-mail, retried with back-off, each delivery recorded). A
+  channel that is down never affects the job.
 
 A transition inside the rule's cool-down (`fire` false) is recorded and does nothing.
 Each action's outcome is kept on the transition (`actions_taken`)."""
@@ -37,21 +37,23 @@ def take_actions(rule: JobRule, row: AlarmTransition, t: Transition) -> list[dic
         note(rule.job_id, f"rule {rule.name}: {t.to_state} again: {t.reason}")
     if not t.fire:
         return [{"type": "none", "reason": "inside the rule's cool-down"}] if rule.actions else []
+    job: TrainingJob | None = None  # read once, by the first action that needs it
     for action in rule.actions:
         kind = action.get("type")
-        if kind == "stop" and into_alarm:
-            taken.append(_stop(rule, t))
-        elif kind == "tag" and into_alarm:
+        if kind == "tag" and into_alarm:
             taken.append(_tag(rule, action.get("tag") or f"alarm:{rule.name}"))
-        elif kind == "notify" and t.to_state in action.get("on", (t.to_state,)):
-            taken.append(_notify(rule, row, t, action.get("channels")))
+        elif kind == "stop" and into_alarm:
+            job = job or TrainingJob.objects.select_related("project").get(pk=rule.job_id)
+            taken.append(_stop(rule, job, t))
+        elif kind == "notify":
+            job = job or TrainingJob.objects.select_related("project").get(pk=rule.job_id)
+            taken.append(_notify(rule, job, row, t, action.get("channels")))
     return taken
 
 
-def _stop(rule: JobRule, t: Transition) -> dict[str, Any]:
+def _stop(rule: JobRule, job: TrainingJob, t: Transition) -> dict[str, Any]:
     from jobs.actions import NotStoppable, stop_job
 
-    job = TrainingJob.objects.get(pk=rule.job_id)
     try:
         stopped = stop_job(job, reason=RULE_TRIGGERED, rule=rule.name, message=f"{RULE_TRIGGERED}: rule {rule.name}: {t.reason}")
     except NotStoppable as exc:
@@ -72,8 +74,7 @@ def _tag(rule: JobRule, tag: str) -> dict[str, Any]:
     return {"type": "tag", "tag": tag, "result": "added"}
 
 
-def alarm_payload(rule: JobRule, row: AlarmTransition, t: Transition) -> dict[str, Any]:
-    job = TrainingJob.objects.select_related("project").only("name", "status", "project__slug").get(pk=rule.job_id)
+def alarm_payload(rule: JobRule, job: TrainingJob, row: AlarmTransition, t: Transition) -> dict[str, Any]:
     return {
         "summary": f"{job.name}: rule {rule.name} is {t.to_state} ({t.reason})",
         "job": {"id": rule.job_id, "name": job.name, "status": job.status, "project": job.project.slug},
@@ -83,9 +84,9 @@ def alarm_payload(rule: JobRule, row: AlarmTransition, t: Transition) -> dict[st
     }
 
 
-def _notify(rule: JobRule, row: AlarmTransition, t: Transition, channels: list[str] | None) -> dict[str, Any]:
+def _notify(rule: JobRule, job: TrainingJob, row: AlarmTransition, t: Transition,
+            channels: list[str] | None) -> dict[str, Any]:
     from studio.notify import notify
 
-    project_id = TrainingJob.objects.filter(pk=rule.job_id).values_list("project_id", flat=True).get()
-    ids = notify(project_id, ALARM_EVENT, alarm_payload(rule, row, t), channels=channels)
+    ids = notify(job.project_id, ALARM_EVENT, alarm_payload(rule, job, row, t), channels=channels)
     return {"type": "notify", "deliveries": ids}

@@ -6,7 +6,6 @@ The watcher (jobs.rules.watcher) is the only writer of states; the API writes de
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -15,6 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from jobs.models import AlarmTransition, JobRule
+from jobs.rules.common import _json_safe as json_safe  # the engine's: NaN/±Inf as strings for jsonb
 from jobs.rules.engine import Transition, evaluator
 
 log = logging.getLogger(__name__)
@@ -26,17 +26,6 @@ def waiting_reason(spec: dict) -> str:
         return evaluator(spec, started_at=0.0).reason
     except Exception:  # noqa: BLE001 - a reason is a nicety; the rule was checked already
         return "waiting for data"
-
-
-def json_safe(value: Any) -> Any:
-    """Values for a JSON column: NaN and ±Inf as strings (PostgreSQL's jsonb refuses them)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    return value
 
 
 def moment(unix: float) -> datetime:
@@ -61,7 +50,7 @@ def record(rule: JobRule, transitions: Sequence[Transition]) -> list[AlarmTransi
             AlarmTransition(rule_id=rule.pk, job_id=rule.job_id, from_state=t.from_state, to_state=t.to_state,
                             at=moment(t.at), step=t.step, reason=t.reason[:4000], values=json_safe(t.values))
             for t in transitions])
-        changed = last.to_state != rule.state or any(t.from_state != t.to_state for t in transitions)
+        changed = any(t.from_state != t.to_state for t in transitions)
         fields: dict[str, Any] = {"state": last.to_state, "state_reason": last.reason[:4000],
                                   "state_values": json_safe(last.values), "last_evaluated_at": now}
         if changed:
@@ -118,3 +107,10 @@ def update_rule(rule: JobRule, raw: Any, *, job_finished: bool) -> JobRule:
     rule.updated_at = timezone.now()
     rule.save(update_fields=["name", "parameters", "actions", "enabled", "updated_at"])
     return rule
+
+
+def delete_rule(rule: JobRule, *, job_finished: bool) -> None:
+    """Delete a rule and its transitions; a finished job's rules and history are kept."""
+    if job_finished:
+        raise RuleConflict("The job has finished; its rules and their history are kept.")
+    rule.delete()

@@ -15,8 +15,9 @@ One watcher at a time evaluates (a rule's window must see all of its job's point
 watchers of several flushers elect a leader with a Redis lock it renews; a new leader
 claims what the old one left pending.
 
-Fast path: a job whose rules need no curve (non_finite, stalled, max_init_time only — the
-default) has its payloads scanned for the bytes NaN/Infinity and parsed only when found."""
+Fast path: a payload is parsed whole only when it holds the bytes NaN/Infinity (or while a
+rule waits for its first datum); otherwise only the curve rules' metrics are picked out of it
+(as columns when they watch one metric), and for the other rules it is activity."""
 
 from __future__ import annotations
 
@@ -54,9 +55,6 @@ LEADER_KEY = "trainyard:rules:leader"
 LEADER_TTL_MS = 10_000
 DISCOVER_SECONDS = 2.0
 CLAIM_IDLE_MS = 0  # a new leader takes over everything the group left pending
-# Rule types that need only the clock, the first point and NaN/Infinity bytes: a job with
-# no other rule has its payloads parsed only when they hold a non-finite value.
-CHEAP_TYPES = frozenset({"non_finite", "stalled", "max_init_time"})
 # The rule types that read a curve, and the parameters naming its metric(s): once no rule
 # waits for data, a payload without NaN/Infinity is not parsed whole — only these metrics'
 # points are picked out of it (extract_points), a few per cent of the cost of json.loads.
@@ -92,7 +90,6 @@ class WatchedJob:
     first_step_at: float | None = None
     log_id: str = "0-0"
     system_id: str = "0-0"
-    cheap: bool = True  # every rule is of CHEAP_TYPES
     wants_gpu: bool = False
     wants_cost: bool = False
     last_cost_at: float = 0.0
@@ -105,7 +102,6 @@ class WatchedJob:
 
     def refresh_kinds(self) -> None:
         types = {w.rule.type for w in self.rules.values()}
-        self.cheap = types <= CHEAP_TYPES
         self.wants_gpu = "low_gpu_utilization" in types
         self.wants_cost = "budget" in types
         self.curve = [w for w in self.rules.values() if w.rule.type in CURVE_METRIC_PARAMS]
