@@ -15,27 +15,27 @@ One watcher at a time evaluates (a rule's window must see all of its job's point
 watchers of several flushers elect a leader with a Redis lock it renews; a new leader
 claims what the old one left pending.
 
-Fast path: a payload is parsed whole only when it holds the bytes NaN/Infinity (or while a
-rule waits for its first datum); otherwise only the curve rules' metrics are picked out of it
-(as columns when they watch one metric), and for the other rules it is activity."""
+Fast path: a payload that may hold a NaN/Infinity is parsed with json.loads and every rule
+sees every point. Any other is decoded by msgspec into typed rows the garbage collector does
+not track (Row); the curve rules get their metrics' points (as columns when they watch one
+metric), the other rules the first point of each metric while they wait for their first
+datum, and activity after that."""
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import os
-import re
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
-from itertools import repeat
-from operator import itemgetter
+from operator import attrgetter
 from typing import Any
 
+import msgspec
 import redis
 from django.conf import settings
 from django.db import close_old_connections, connection
@@ -56,14 +56,20 @@ LEADER_TTL_MS = 10_000
 DISCOVER_SECONDS = 2.0
 CLAIM_IDLE_MS = 0  # a new leader takes over everything the group left pending
 # The rule types that read a curve, and the parameters naming its metric(s): once no rule
-# waits for data, a payload without NaN/Infinity is not parsed whole — only these metrics'
-# points are picked out of it (extract_points), a few per cent of the cost of json.loads.
+# waits for data, only these metrics' points are made of a payload without NaN/Infinity.
 CURVE_METRIC_PARAMS: dict[str, tuple[str, ...]] = {
     "custom": ("metric",), "loss_not_decreasing": ("metric",), "overtraining": ("metric",),
     "step_outlier": ("metric",), "overfit": ("train_metric", "validation_metric")}
 # Entries parsed whole while a rule waits for its first datum (then only its metrics are).
 FULL_PARSE_ENTRIES = 20
 COST_SECONDS = 5.0  # how often a budget rule's cost is recomputed
+
+
+def _rank(raw: bytes | str) -> int | None:
+    try:
+        return int(raw)
+    except (ValueError, TypeError):
+        return None
 
 
 def entry_time(entry_id: bytes | str) -> float:
@@ -319,18 +325,21 @@ class RuleWatcher:
                     watched.first_step_at = at
                 payload = fields.get(b"p", b"")
                 rank = fields.get(b"r", b"0")
-                if b"NaN" in payload or b"Infinity" in payload:
+                rank_number = _rank(rank)
+                rows = None if rank_number is None or may_be_non_finite(payload) else payload_rows(payload)
+                if rows is None or rank_number is None:
+                    # A NaN/Infinity, or what only json.loads reads: every rule sees every point.
                     if columns:
                         curve.extend(_points_of(columns, watched.names))
                     columns = None
-                    points = parse_points(payload, rank=rank)  # every rule sees every point
+                    points = parse_points(payload, rank=rank)
                     every.extend(points)
                     curve.extend(points)
                 else:
                     if waiting:
                         # A rule waits for its first datum: the first point of each metric tells
-                        # it (and the names it lists if none comes) without parsing the rest.
-                        firsts = first_points(payload, rank=rank)
+                        # it (and the names it lists if none comes).
+                        firsts = first_points_of(rows, rank_number)
                         every.extend(firsts)
                         others = [p for p in firsts if p.name not in watched.names]
                         if columns is not None and not curve:
@@ -338,7 +347,7 @@ class RuleWatcher:
                             # feeds the rest): the other metrics' first points, then their own.
                             self._feed_columns(watched, columns)
                             self._feed(watched, [], others)
-                            extract_columns(payload, next(iter(watched.names)), rank, columns)
+                            columns_of(rows, next(iter(watched.names)), rank_number, columns)
                             self._feed_columns(watched, columns)
                             for w in watched.rules.values():
                                 w.evaluator.observe_activity(at)
@@ -352,9 +361,9 @@ class RuleWatcher:
                         columns = None
                         curve.extend(others)
                     if columns is not None:
-                        extract_columns(payload, next(iter(watched.names)), rank, columns)
+                        columns_of(rows, next(iter(watched.names)), rank_number, columns)
                     elif watched.names:
-                        curve.extend(extract_points(payload, watched.names, rank=rank))
+                        curve.extend(points_of(rows, watched.names, rank_number))
                     for w in watched.rules.values():
                         w.evaluator.observe_activity(at)
                 if waiting:
@@ -475,50 +484,84 @@ def parse_points(payload: bytes, *, rank: bytes | str) -> list[Point]:
         rank_number = int(rank)
     except (ValueError, TypeError):
         return []
+    return _points_from(raw if isinstance(raw, list) else [raw], rank_number)
+
+
+def _points_from(rows: list[Any], rank_number: int) -> list[Point]:
     points = []
-    for item in raw if isinstance(raw, list) else [raw]:
-        try:
-            name, step, value, unix_time = item
-            if type(name) is not str or type(step) is not int:
-                continue
-            points.append(_point(Point, (name, step, float(value), float(unix_time), rank_number)))
-        except (ValueError, TypeError):
-            continue
+    for row in rows:
+        point = _valid_point(row, rank_number)
+        if point is not None:
+            points.append(point)
     return points
+
+
+def _valid_point(row: Any, rank_number: int) -> Point | None:
+    """One parsed [name, step, value, time] as a Point, or None when it is malformed."""
+    try:
+        name, step, value, unix_time = row
+        if type(name) is not str or type(step) is not int:
+            return None
+        return _point(Point, (name, step, float(value), float(unix_time), rank_number))
+    except (ValueError, TypeError):
+        return None
 
 
 # Point(...) runs the named tuple's Python __new__ (~0.7 µs); tuple.__new__ makes the same object in C.
 _point = tuple.__new__
-_first, _second, _third, _fourth = (itemgetter(i) for i in range(4))
 
 
-@functools.lru_cache(maxsize=256)
-def _names_pattern(names: frozenset[str]) -> tuple[re.Pattern[bytes], dict[bytes, str]]:
-    """A pattern for the points of these metrics in a payload as json.dumps writes it
-    (`["loss", 12, 0.25, 1764620000.5]`), and each name's JSON literal → the name."""
-    literals = {json.dumps(name).encode(): name for name in sorted(names)}
-    alternation = b"|".join(re.escape(literal) for literal in literals)
-    return re.compile(rb"\[(" + alternation + rb"), (-?\d+), ([^,\]]+), ([^,\]]+)\]"), literals
+def may_be_non_finite(payload: bytes) -> bool:
+    """Whether an entry may hold a NaN or ±Infinity (bare, as json.dumps writes them, or as
+    strings): such an entry is parsed whole and every rule sees it. A payload without a
+    capital N or I (a one-byte memchr each) cannot; one with them is searched for the words."""
+    return (b"N" in payload or b"I" in payload) and (b"NaN" in payload or b"Infinity" in payload)
 
 
-# Any point as json.dumps writes it: the name's JSON literal, step, value, time.
-_ANY_POINT = re.compile(rb'\[("(?:[^"\\]|\\.)*"), (-?\d+), ([^,\]]+), ([^,\]]+)\]')
+class Row(msgspec.Struct, array_like=True, gc=False, forbid_unknown_fields=True):
+    """One point as the SDK writes it, [name, step, value, time], decoded by msgspec: typed
+    (a row of any other shape fails the decode) and untracked by the garbage collector. A
+    list per point (json.loads, orjson) cost 3–4 times as much in the flusher's process:
+    its allocations set off collections that walk Django's objects."""
+
+    name: str
+    step: int
+    value: float
+    time: float
+
+
+_ROWS = msgspec.json.Decoder(list[Row])
+_name, _step, _value, _time = (attrgetter(f) for f in ("name", "step", "value", "time"))
+
+
+def payload_rows(payload: bytes) -> list[Row] | None:
+    """An entry's points as Rows, or None when it is anything else (bare NaN/Infinity, a
+    number out of range, a point of another shape, not JSON): the caller then parses it with
+    json.loads (parse_points), which reads what it can of all of those."""
+    try:
+        return _ROWS.decode(payload)
+    except msgspec.DecodeError:
+        return None
 
 
 def first_points(payload: bytes, *, rank: bytes | str) -> list[Point]:
-    """The first point of each metric in one stream entry, in the order the metrics first
-    appear (a payload the pattern does not fit is parsed whole)."""
-    found = _ANY_POINT.findall(payload)
-    if not found:
+    """The first point of each metric in one stream entry, in the order the metrics first appear."""
+    rows = payload_rows(payload)
+    rank_number = _rank(rank)
+    if rows is None or rank_number is None:
         return _first_of_each(parse_points(payload, rank=rank))
-    earliest = dict(zip(map(_first, reversed(found)), reversed(found), strict=True))  # later keys overwrite: the first wins
-    try:
-        rank_number = int(rank)
-        return [_point(Point, (json.loads(literal), int(earliest[literal][1]), float(earliest[literal][2]),
-                               float(earliest[literal][3]), rank_number))
-                for literal in dict.fromkeys(map(_first, found))]
-    except ValueError:
-        return _first_of_each(parse_points(payload, rank=rank))
+    return first_points_of(rows, rank_number)
+
+
+def first_points_of(rows: list[Row], rank_number: int) -> list[Point]:
+    """first_points of decoded rows: the names and each name's first row come out of C loops."""
+    names = list(map(_name, rows))
+    earliest = dict(zip(reversed(names), reversed(rows), strict=True))  # later keys overwrite: the first wins
+    return [_row_point(earliest[name], rank_number) for name in dict.fromkeys(names)]
+
+
+def _row_point(row: Row, rank_number: int) -> Point:
+    return _point(Point, (row.name, row.step, row.value, row.time, rank_number))
 
 
 def _first_of_each(points: list[Point]) -> list[Point]:
@@ -541,72 +584,47 @@ def extract_columns(payload: bytes, name: str, rank: bytes | str,
                     columns: dict[int, tuple[list[int], list[float], list[float]]]) -> None:
     """Append one metric's points in a stream entry to `columns` (rank → steps, values,
     times) without making a Point of any."""
-    pattern = _name_pattern(name)
-    try:
-        rank_number = int(rank)
-    except (ValueError, TypeError):
+    rank_number = _rank(rank)
+    if rank_number is None:
         return
-    found = pattern.findall(payload)
-    if not found:
-        if json.dumps(name).encode() in payload:  # another writer's spacing: the forgiving path
-            for p in parse_points(payload, rank=rank):
-                if p.name == name:
-                    _add_point(columns.setdefault(rank_number, ([], [], [])), p)
-        return
-    steps, values, times = columns.setdefault(rank_number, ([], [], []))
-    # One group per point ("12, 0.25, 1764620000.5"), joined and split once: cheaper than three
-    # groups, whose tuples cost more than the parsing.
-    flat = b", ".join(found).split(b", ")
-    try:
-        if len(flat) != 3 * len(found):
-            raise ValueError("not three numbers a point")
-        new_steps = list(map(int, flat[0::3]))
-        new_values = list(map(float, flat[1::3]))
-        new_times = list(map(float, flat[2::3]))
-    except ValueError:  # an odd number somewhere: this entry point by point
+    rows = payload_rows(payload)
+    if rows is None:
+        column = columns.setdefault(rank_number, ([], [], []))
         for p in parse_points(payload, rank=rank):
             if p.name == name:
-                _add_point((steps, values, times), p)
+                column[0].append(p.step)
+                column[1].append(p.value)
+                column[2].append(p.time)
         return
-    steps.extend(new_steps)
-    values.extend(new_values)
-    times.extend(new_times)
+    columns_of(rows, name, rank_number, columns)
 
 
-def _add_point(column: tuple[list[int], list[float], list[float]], point: Point) -> None:
-    column[0].append(point.step)
-    column[1].append(point.value)
-    column[2].append(point.time)
-
-
-@functools.lru_cache(maxsize=256)
-def _name_pattern(name: str) -> re.Pattern[bytes]:
-    """One metric's points; the name is a literal prefix, which the regex engine searches
-    for fast (an alternation in a group would make it try every '[')."""
-    return re.compile(re.escape(b"[" + json.dumps(name).encode() + b", ") + rb"(-?\d+, [^,\]]+, [^,\]]+)\]")
+def columns_of(rows: list[Row], name: str, rank_number: int,
+               columns: dict[int, tuple[list[int], list[float], list[float]]]) -> None:
+    """extract_columns of decoded rows: one comprehension picks the metric's rows, and map
+    (C loops) makes its columns."""
+    chosen = [row for row in rows if row.name == name]
+    if chosen:
+        steps, values, times = columns.setdefault(rank_number, ([], [], []))
+        steps.extend(map(_step, chosen))
+        values.extend(map(_value, chosen))
+        times.extend(map(_time, chosen))
 
 
 def extract_points(payload: bytes, names: frozenset[str], *, rank: bytes | str) -> list[Point]:
-    """The points of `names` in one stream entry, without parsing the rest. A payload the
-    pattern does not fit (another writer's spacing) that mentions a name is parsed whole."""
-    pattern, literals = _names_pattern(names)
-    try:
-        rank_number = int(rank)
-    except (ValueError, TypeError):
+    """The points of `names` in one stream entry, without making a Point of the others."""
+    rank_number = _rank(rank)
+    if rank_number is None:
         return []
-    try:
-        found = pattern.findall(payload)
-        # Column by column with map (C loops), then one tuple per point: ~4× a comprehension.
-        names_ = map(literals.__getitem__, map(_first, found))
-        steps = map(int, map(_second, found))
-        values = map(float, map(_third, found))
-        times = map(float, map(_fourth, found))
-        points = list(map(_point, repeat(Point), zip(names_, steps, values, times, repeat(rank_number))))
-    except ValueError:  # an odd number somewhere: the slow, forgiving path
-        points = [p for p in parse_points(payload, rank=rank) if p.name in names]
-    if not points and any(literal in payload for literal in literals):
+    rows = payload_rows(payload)
+    if rows is None:
         return [p for p in parse_points(payload, rank=rank) if p.name in names]
-    return points
+    return points_of(rows, names, rank_number)
+
+
+def points_of(rows: list[Row], names: frozenset[str], rank_number: int) -> list[Point]:
+    """extract_points of decoded rows."""
+    return [_row_point(row, rank_number) for row in rows if row.name in names]
 
 
 def gpu_samples(fields: dict[bytes, bytes]) -> list[GpuSample]:

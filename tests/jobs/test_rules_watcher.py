@@ -252,7 +252,13 @@ def test_the_fast_parsers_agree_with_json_on_odd_payloads():
     names = ["loss", 'va"l/loss', "accuracy é", "loss_2", "l"]
     raw = [[rng.choice(names), rng.randint(-5, 10**12), rng.choice([0.0, -0.0, 1e-300, 1e300, rng.random(), 12.5]),
             1764620000.0 + rng.random() * 1000] for _ in range(500)]
-    for payload in (json.dumps(raw).encode(), json.dumps(raw, separators=(",", ":")).encode()):
+    # Rows of other shapes mixed in: each such payload is read as json.loads reads it.
+    odd_rows = [["loss", 1, 2, 3, 4], ["loss", True, 1.0, 2.0], ["loss", 3, "2.5", 2.0], ["loss", 4, 1e400, 2.0],
+                ["loss", 10**30, 1.0, 2.0], {"name": "loss"}, "loss", ["loss", 5.0, 1.0, 2.0], [["loss"], 1, 1.0, 2.0]]
+    payloads = [json.dumps(raw).encode(), json.dumps(raw, separators=(",", ":")).encode()]
+    payloads += [json.dumps(raw[:50] + [odd] + raw[50:100]).encode() for odd in odd_rows]
+    payloads += [b'[["loss", 1, 1.0, 2.0], ', b"not json", b'{"loss": 1}', b"[]"]
+    for payload in payloads:
         every = parse_points(payload, rank=b"3")
         for name in names:
             want = [p for p in every if p.name == name]
