@@ -26,6 +26,7 @@ class _Custom(Evaluator):
             p["treat_missing_data"])  # None: ignore
         self._compare = _COMPARE[p["comparison"]]
         self._statistic = _statistic(p["statistic"])
+        self._statistic_name = p["statistic"]
         self._periods: deque[tuple[int, float]] = deque(maxlen=p["evaluation_periods"])  # (kind, compared value)
         self._breaching = self._missing = 0
         self._buffer: list[float] = []
@@ -79,20 +80,43 @@ class _Custom(Evaluator):
             self._datapoints(statistics, steps, times, ends, offset, out, "")
 
     def _close_periods(self, values: list[float], ends: list[int]) -> list[float]:
-        """The statistics of the periods `values` closes (with what the last batch left open)."""
-        window, buffer, statistic = self._window, self._buffer, self._statistic
-        position, need, statistics = 0, window - len(buffer), []
-        while len(values) - position >= need:
-            end = position + need
-            chunk = buffer + values[position:end] if buffer else values[position:end]
-            buffer = []
-            if not _isfinite(sum(chunk)):
-                chunk = [v for v in chunk if v == v]  # NaN values are dropped; ±Inf stay numbers
-            statistics.append(statistic(chunk) if chunk else math.nan)
-            ends.append(end - 1)
-            position, need = end, window
-        self._buffer = buffer + values[position:]
+        """The statistics of the periods `values` closes (with what the last batch left open).
+        The full windows are cut with one comprehension and summed with map; a batch whose
+        sums are all finite (no NaN, no ±Inf) takes the mean or sum from those sums."""
+        window, buffer = self._window, self._buffer
+        position = 0
+        statistics: list[float] = []
+        if buffer:
+            need = window - len(buffer)
+            if len(values) < need:
+                self._buffer = buffer + values
+                return statistics
+            statistics.append(self._period(buffer + values[:need]))
+            ends.append(need - 1)
+            position = need
+        full = (len(values) - position) // window
+        if full:
+            stop = position + full * window
+            chunks = [values[i:i + window] for i in range(position, stop, window)]
+            sums = list(map(sum, chunks))
+            if not _isfinite(sum(sums)):
+                statistics.extend(map(self._period, chunks))
+            elif self._statistic_name == "mean":
+                statistics.extend([total / window for total in sums])
+            elif self._statistic_name == "sum":
+                statistics.extend(map(float, sums))
+            else:
+                statistics.extend(map(self._statistic, chunks))
+            ends.extend(range(position + window - 1, stop, window))
+            position = stop
+        self._buffer = values[position:]
         return statistics
+
+    def _period(self, chunk: list[float]) -> float:
+        """One window's statistic: NaN values are dropped; ±Inf stay numbers."""
+        if not _isfinite(sum(chunk)):
+            chunk = [v for v in chunk if v == v]
+        return self._statistic(chunk) if chunk else math.nan
 
     def _datapoints(self, compared: list[float], steps: Sequence[int | None], times: Sequence[float],
                     ends: list[int] | None, offset: int, out: list[Transition], why: str) -> None:

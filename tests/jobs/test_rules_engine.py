@@ -686,6 +686,7 @@ def test_batches_of_any_size_give_the_same_transitions_as_points_one_by_one(seed
     rng = np.random.default_rng(seed)
     values = np.concatenate([rng.normal(1.0, 0.3, 400), rng.normal(2.0, 0.3, 300), rng.normal(0.5, 0.1, 300)])
     values[rng.choice(len(values), 15, replace=False)] = np.nan
+    values[rng.choice(len(values), 2, replace=False)] = np.inf  # a window with ±Inf takes the careful path
     points, clock = [], T0
     for step, value in enumerate(values.tolist(), start=1):
         clock += float(rng.choice([0.1, 0.11, 0.1, 3.0], p=[0.5, 0.45, 0.04, 0.01]))
@@ -700,7 +701,10 @@ def test_batches_of_any_size_give_the_same_transitions_as_points_one_by_one(seed
                                           "datapoints_to_alarm": m, "treat_missing_data": policy}}
         for statistic, window, comparison, n, m, policy in [
             ("last", 1, ">", 5, 3, "missing"), ("mean", 4, ">=", 3, 2, "breaching"), ("p90", 7, "<", 4, 4, "notBreaching"),
-            ("max", 1, "<=", 1, 1, "ignore"), ("min", 3, ">", 10, 1, "missing")]]
+            ("max", 1, "<=", 1, 1, "ignore"), ("min", 3, ">", 10, 1, "missing"),
+            ("mean", 10, ">", 5, 3, "ignore")]]
+    rules.append({"type": "custom", "parameters": {"metric": "train_loss", "statistic": "sum", "window": 6, "comparison": ">",
+                                                   "threshold": 8.0, "evaluation_periods": 3, "datapoints_to_alarm": 2}})
     rules += [{"type": "custom", "parameters": {"metric": "train_loss", "compare_to": "previous_window", "window": w,
                                                 "statistic": "mean", "comparison": ">", "threshold": 0.2,
                                                 "evaluation_periods": 3, "datapoints_to_alarm": 2}} for w in (1, 5)]
