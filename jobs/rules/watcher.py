@@ -326,7 +326,7 @@ class RuleWatcher:
                 payload = fields.get(b"p", b"")
                 rank = fields.get(b"r", b"0")
                 rank_number = _rank(rank)
-                rows = None if rank_number is None or may_be_non_finite(payload) else payload_rows(payload)
+                rows = None if may_be_non_finite(payload) else payload_rows(payload)
                 if rows is None or rank_number is None:
                     # A NaN/Infinity, or what only json.loads reads: every rule sees every point.
                     if columns:
@@ -484,27 +484,16 @@ def parse_points(payload: bytes, *, rank: bytes | str) -> list[Point]:
         rank_number = int(rank)
     except (ValueError, TypeError):
         return []
-    return _points_from(raw if isinstance(raw, list) else [raw], rank_number)
-
-
-def _points_from(rows: list[Any], rank_number: int) -> list[Point]:
     points = []
-    for row in rows:
-        point = _valid_point(row, rank_number)
-        if point is not None:
-            points.append(point)
+    for item in raw if isinstance(raw, list) else [raw]:
+        try:
+            name, step, value, unix_time = item
+            if type(name) is not str or type(step) is not int:
+                continue
+            points.append(_point(Point, (name, step, float(value), float(unix_time), rank_number)))
+        except (ValueError, TypeError):
+            continue
     return points
-
-
-def _valid_point(row: Any, rank_number: int) -> Point | None:
-    """One parsed [name, step, value, time] as a Point, or None when it is malformed."""
-    try:
-        name, step, value, unix_time = row
-        if type(name) is not str or type(step) is not int:
-            return None
-        return _point(Point, (name, step, float(value), float(unix_time), rank_number))
-    except (ValueError, TypeError):
-        return None
 
 
 # Point(...) runs the named tuple's Python __new__ (~0.7 µs); tuple.__new__ makes the same object in C.

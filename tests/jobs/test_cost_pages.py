@@ -5,6 +5,7 @@ page where admins set prices (form errors for bad input)."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import timedelta
 from decimal import Decimal
@@ -61,17 +62,23 @@ def test_the_job_page_shows_cost_billable_training_warm_and_each_attempt(project
 
 
 def test_a_running_job_page_shows_its_projected_cost(project, owner):
+    started = timezone.now() - timedelta(seconds=100)
     job = _job(project, owner, status=JobStatus.TRAINING, attempt=1, hyperparameters={"max_steps": 40},
-               started_at=timezone.now() - timedelta(seconds=100), training_started_at=timezone.now() - timedelta(seconds=100))
+               started_at=started, training_started_at=started)
     JobAttempt.objects.create(job=job, attempt=1, started_at=job.started_at, training_started_at=job.training_started_at,
                               price_per_hour=Decimal("36"), currency="USD", outcome="running")
     MetricChunk.objects.create(job=job, name="loss", rank=0, chunk=0, count=10, first_step=1, first_value=1, last_step=10,
                                last_value=0.5)
 
-    html = _signed_in(owner).get(f"/jobs/{job.pk}/").content.decode()
-    assert 'id="job-projected-cost"' in html
-    # 100 s so far (1.00), 10 of 40 steps: 300 s more at 36/h = 3.00 → 4.00.
-    assert "4.00 USD" in html
+    client = _signed_in(owner)
+    before = (timezone.now() - started).total_seconds()
+    html = client.get(f"/jobs/{job.pk}/").content.decode()
+    after = (timezone.now() - started).total_seconds()
+    shown = re.search(r'id="job-projected-cost"[^>]*>([0-9.]+) USD<', html)
+    assert shown, "the projection, in USD"
+    # ~100 s so far (1.00 at 36/h), 10 of 40 steps: 3 times as long again (3.00) → 4.00; the
+    # page reads the clock while it renders, so the figure is 0.04/s × the seconds by then.
+    assert round(0.04 * before, 2) - 0.005 <= float(shown.group(1)) <= round(0.04 * after, 2) + 0.005, (before, after, shown[1])
     assert "so far" in html
 
 
