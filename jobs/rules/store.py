@@ -39,34 +39,54 @@ def record(rule: JobRule, transitions: Sequence[Transition]) -> list[AlarmTransi
     """Store the transitions and the rule's new state, then run the actions of each one
     (after the commit: a stop or a delivery never sees a state that did not commit).
     Returns the stored rows with their `actions_taken` filled in."""
-    if not transitions:
+    return record_many([(rule, transitions)])
+
+
+_STATE_FIELDS = ["state", "state_reason", "state_values", "last_evaluated_at", "state_changed_at"]
+
+
+def record_many(changes: Sequence[tuple[JobRule, Sequence[Transition]]]) -> list[AlarmTransition]:
+    """record() for several rules at once — what one watcher cycle caused, in one
+    transaction: one INSERT of every transition and one UPDATE of the rules' states. Then
+    each transition's actions, in order."""
+    changes = [(rule, list(transitions)) for rule, transitions in changes if transitions]
+    if not changes:
         return []
     from jobs.rules.actions import take_actions
 
     now = timezone.now()
-    last = transitions[-1]
     with transaction.atomic():
         rows = AlarmTransition.objects.bulk_create([
             AlarmTransition(rule_id=rule.pk, job_id=rule.job_id, from_state=t.from_state, to_state=t.to_state,
                             at=moment(t.at), step=t.step, reason=t.reason[:4000], values=json_safe(t.values))
-            for t in transitions])
-        changed = any(t.from_state != t.to_state for t in transitions)
-        fields: dict[str, Any] = {"state": last.to_state, "state_reason": last.reason[:4000],
-                                  "state_values": json_safe(last.values), "last_evaluated_at": now}
-        if changed:
-            fields["state_changed_at"] = moment(last.at)
-        JobRule.objects.filter(pk=rule.pk).update(**fields)
-        for name, value in fields.items():
-            setattr(rule, name, value)
-    for row, t in zip(rows, transitions, strict=True):
+            for rule, transitions in changes for t in transitions])
+        rules: dict[int, JobRule] = {}
+        for rule, transitions in changes:
+            last = transitions[-1]
+            rule.state, rule.state_reason = last.to_state, last.reason[:4000]
+            rule.state_values, rule.last_evaluated_at = json_safe(last.values), now
+            if any(t.from_state != t.to_state for t in transitions):
+                rule.state_changed_at = moment(last.at)
+            rules[rule.pk] = rule  # a rule twice in one cycle: its last state is the object's
+        JobRule.objects.bulk_update(list(rules.values()), _STATE_FIELDS)
+    taken_rows = []
+    stored = iter(rows)
+    for rule, transitions in changes:
+        for t in transitions:
+            row = next(stored)
+            try:
+                taken = take_actions(rule, row, t)
+            except Exception as exc:  # noqa: BLE001 - an action's failure is recorded, never raised into the stream
+                log.exception("job %s rule %s: actions failed", rule.job_id, rule.name)
+                taken = [{"type": "error", "error": str(exc)[:500]}]
+            if taken:
+                row.actions_taken = taken
+                taken_rows.append(row)
+    if taken_rows:
         try:
-            taken = take_actions(rule, row, t)
-        except Exception as exc:  # noqa: BLE001 - an action's failure is recorded, never raised into the stream
-            log.exception("job %s rule %s: actions failed", rule.job_id, rule.name)
-            taken = [{"type": "error", "error": str(exc)[:500]}]
-        if taken:
-            row.actions_taken = taken
-            AlarmTransition.objects.filter(pk=row.pk).update(actions_taken=taken)
+            AlarmTransition.objects.bulk_update(taken_rows, ["actions_taken"])
+        except Exception:  # noqa: BLE001 - the transitions are stored and acted on; only the note of it is lost
+            log.exception("could not note the actions of %d transition(s)", len(taken_rows))
     return rows
 
 

@@ -46,7 +46,7 @@ from jobs.metrics import metrics_redis, parse_number, stream_items, text
 from jobs.metrics.ingest import RULES_GROUP
 from jobs.models import JobRule, TrainingJob
 from jobs.rules.engine import INSUFFICIENT_DATA, Evaluator, GpuSample, Point, PointColumns, Transition, evaluator
-from jobs.rules.store import record
+from jobs.rules.store import record, record_many
 from trainyard.protocol import LOGS_STREAM, METRICS_STREAM, SYSTEM_STREAM, key
 
 log = logging.getLogger(__name__)
@@ -136,7 +136,11 @@ class RuleWatcher:
         self.points_seen = 0  # points handed to rules
         self.entries_seen = 0
         self.transitions = 0
-        self.cpu_seconds = 0.0  # this thread's CPU time reading and evaluating
+        self.cpu_seconds = 0.0  # this thread's CPU time reading, evaluating and storing
+        # What this cycle caused, stored in one transaction at its end (_commit), and then the
+        # entries it read acked: a watcher that dies before leaves them pending.
+        self._records: list[tuple[WatchedRule, list[Transition]]] = []
+        self._acks: dict[str, list[Any]] = {}
 
     # --- leadership ------------------------------------------------------------------
     def lead(self) -> bool:
@@ -172,19 +176,24 @@ class RuleWatcher:
             time.sleep(min(block_ms, 1000) / 1000)
             return 0
         before = self.transitions
-        now = time.monotonic()
-        if now - self._last_discover >= self.discover_seconds:
-            self._last_discover = now
-            self.discover()
-        if not self.jobs:
-            time.sleep(block_ms / 1000)
-            return 0
-        cpu = time.thread_time()
-        self.read(list(self.jobs), block_ms)
-        self.cpu_seconds += time.thread_time() - cpu
-        if now - self._last_tick >= self.tick_seconds:
-            self._last_tick = now
-            self.tick(time.time())
+        try:
+            now = time.monotonic()
+            if now - self._last_discover >= self.discover_seconds:
+                self._last_discover = now
+                self.discover()
+            if not self.jobs:
+                time.sleep(block_ms / 1000)
+                return 0
+            cpu = time.thread_time()
+            self.read(list(self.jobs), block_ms)
+            self.cpu_seconds += time.thread_time() - cpu
+            if now - self._last_tick >= self.tick_seconds:
+                self._last_tick = now
+                self.tick(time.time())
+        finally:
+            cpu = time.thread_time()
+            self._commit()
+            self.cpu_seconds += time.thread_time() - cpu
         return self.transitions - before
 
     # --- which jobs and rules --------------------------------------------------------
@@ -377,10 +386,7 @@ class RuleWatcher:
             self._feed(watched, every, curve)
             if columns:
                 self._feed_columns(watched, columns)
-        try:
-            self.redis.xack(key(METRICS_STREAM, job_id), RULES_GROUP, *ids)
-        except redis.RedisError:
-            log.warning("job %s: could not ack %d entries (they will be read again)", job_id, len(ids))
+        self._acks.setdefault(key(METRICS_STREAM, job_id), []).extend(ids)
 
     def _feed(self, watched: WatchedJob, every: list[Point], curve: list[Point]) -> None:
         self.points_seen += len(curve)
@@ -460,20 +466,43 @@ class RuleWatcher:
         for w in list(watched.rules.values()):
             self._record(w, w.evaluator.tick(now, cost=watched.cost, projected_cost=None,
                                              first_step_at=watched.first_step_at, finished=True))
+        self._commit()
         self.jobs.pop(job_id, None)
         self._grouped.discard(job_id)
         with contextlib.suppress(redis.RedisError):
             self.redis.xgroup_destroy(key(METRICS_STREAM, job_id), RULES_GROUP)
 
     def _record(self, watched_rule: WatchedRule, transitions: list[Transition]) -> None:
-        if not transitions:
-            return
-        self.transitions += len(transitions)
-        try:
-            record(watched_rule.rule, transitions)
-        except Exception:  # noqa: BLE001 - a database hiccup must not end the watcher; the state is kept in memory
-            log.exception("job %s rule %s: could not store %d transition(s)", watched_rule.rule.job_id,
-                          watched_rule.rule.name, len(transitions))
+        if transitions:
+            self.transitions += len(transitions)
+            self._records.append((watched_rule, transitions))
+
+    def _commit(self) -> None:
+        """Store what the cycle caused (jobs.rules.store.record_many: one transaction; a
+        failure there stores each rule's on its own, so one bad row loses only its own),
+        then ack the entries read. A database hiccup never ends the watcher: the states are
+        kept in memory."""
+        records, self._records = self._records, []
+        if records:
+            try:
+                record_many([(w.rule, transitions) for w, transitions in records])
+            except Exception:  # noqa: BLE001 - nothing of the batch committed: one rule at a time
+                log.warning("could not store %d rules' transitions at once; one at a time", len(records), exc_info=True)
+                for w, transitions in records:
+                    try:
+                        record(w.rule, transitions)
+                    except Exception:  # noqa: BLE001 - see above
+                        log.exception("job %s rule %s: could not store %d transition(s)", w.rule.job_id, w.rule.name,
+                                      len(transitions))
+        acks, self._acks = self._acks, {}
+        if acks:
+            try:
+                pipe = self.redis.pipeline(transaction=False)
+                for stream, ids in acks.items():
+                    pipe.xack(stream, RULES_GROUP, *ids)
+                pipe.execute()
+            except redis.RedisError:
+                log.warning("could not ack %d entries (they will be read again)", sum(map(len, acks.values())))
 
 
 def parse_points(payload: bytes, *, rank: bytes | str) -> list[Point]:

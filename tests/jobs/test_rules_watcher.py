@@ -269,3 +269,59 @@ def test_the_fast_parsers_agree_with_json_on_odd_payloads():
             assert extract_points(payload, frozenset({name}), rank=b"3") == want, name
         firsts = {p.name: p for p in reversed(every)}
         assert sorted(first_points(payload, rank=b"3")) == sorted(firsts.values())
+
+
+def test_a_cycles_transitions_are_stored_together_and_a_failing_batch_falls_back_rule_by_rule(project, watcher,
+                                                                                           monkeypatch):
+    """The watcher stores what one cycle caused in one transaction (store.record_many), then
+    acks; when that transaction fails (a database error), each rule's transitions are stored
+    on their own, and the entries are acked."""
+    from django.db import DatabaseError
+
+    from jobs.rules import watcher as watcher_module
+
+    jobs = [running_job(project, [], name=f"job-{i}") for i in range(2)]
+    w = watcher()
+    run(w, 1)  # both jobs discovered
+    batches = []
+
+    def batch_fails(changes):
+        batches.append([(rule.job_id, rule.name, len(ts)) for rule, ts in changes])
+        raise DatabaseError("could not serialize access")
+
+    monkeypatch.setattr(watcher_module, "record_many", batch_fails)
+    for job in jobs:
+        send(job, [("train_loss", 1, 0.9)])
+    run(w, 1)
+
+    assert [sorted(batch) for batch in batches] == [[(jobs[0].pk, "non_finite", 1), (jobs[1].pk, "non_finite", 1)]], \
+        "one batch for the cycle"
+    for job in jobs:
+        rule = JobRule.objects.get(job=job, name="non_finite")
+        assert rule.state == RuleState.OK and rule.state_changed_at is not None, rule.state_reason
+        assert list(AlarmTransition.objects.filter(job=job).values_list("from_state", "to_state")) == [
+            (RuleState.INSUFFICIENT_DATA, RuleState.OK)]
+        assert redis_client().xpending(key(METRICS_STREAM, job.pk), RULES_GROUP)["pending"] == 0, "acked"
+
+
+def test_record_many_stores_each_rules_last_state_and_changes_its_time_only_on_a_change(project):
+    from jobs.rules.engine import Transition
+    from jobs.rules.store import record_many
+
+    job = running_job(project, [{"type": "stalled", "name": "quiet"}])
+    first, second = JobRule.objects.filter(job=job).order_by("name")  # non_finite, quiet
+    changed_at = first.state_changed_at
+    t0 = time.time() - 60
+    stored = record_many([
+        (first, [Transition("INSUFFICIENT_DATA", "OK", t0, "ok", {"v": float("nan")}, 1)]),
+        (second, [Transition("INSUFFICIENT_DATA", "INSUFFICIENT_DATA", t0 + 1, "still nothing", {}, None)]),
+        (first, [Transition("OK", "ALARM", t0 + 2, "alarm", {}, 2)])])
+    assert [r.to_state for r in stored] == ["OK", "INSUFFICIENT_DATA", "ALARM"]
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert (first.state, first.state_reason) == ("ALARM", "alarm")
+    assert abs(first.state_changed_at.timestamp() - (t0 + 2)) < 0.01 and first.state_changed_at != changed_at
+    assert (second.state, second.state_reason, second.state_changed_at) == ("INSUFFICIENT_DATA", "still nothing", None)
+    assert AlarmTransition.objects.get(pk=stored[0].pk).values == {"v": "NaN"}
+    job.refresh_from_db()
+    assert (job.status, job.stop_rule) == (JobStatus.STOPPING, "non_finite"), "the ALARM's stop action ran"
