@@ -46,6 +46,7 @@ CUSTOM_RULE = {"name": "loss-high", "type": "custom",
 
 
 def make_jobs(project, label: str, count: int = JOBS) -> list:
+    from django.db import transaction
     from django.utils import timezone
 
     from jobs.models import JobRule, JobStatus, TrainingJob
@@ -53,11 +54,15 @@ def make_jobs(project, label: str, count: int = JOBS) -> list:
 
     jobs = []
     for i in range(count):
-        job = TrainingJob.objects.create(project=project, name=f"{label}-{i}", status=JobStatus.TRAINING,
-                                         started_at=timezone.now(), training_started_at=timezone.now())
-        for spec in check_rules([CUSTOM_RULE]):
-            JobRule.objects.create(job=job, name=spec["name"], type=spec["type"], parameters=spec["parameters"],
-                                   actions=spec["actions"], enabled=spec["enabled"])
+        # The job and its rules in one transaction, as a submission makes them: a watcher that
+        # looked in between would watch the job with half its rules, and the other half would
+        # miss the job's first point (the latency trials then waited for ever).
+        with transaction.atomic():
+            job = TrainingJob.objects.create(project=project, name=f"{label}-{i}", status=JobStatus.TRAINING,
+                                             started_at=timezone.now(), training_started_at=timezone.now())
+            for spec in check_rules([CUSTOM_RULE]):
+                JobRule.objects.create(job=job, name=spec["name"], type=spec["type"], parameters=spec["parameters"],
+                                       actions=spec["actions"], enabled=spec["enabled"])
         jobs.append(job)
     return jobs
 
@@ -301,7 +306,7 @@ def main() -> int:
     redis = EmbeddedRedis(data_dir=workdir / "redis")
     redis_url = redis.start()
     os.environ.update({"REDIS_URL": redis_url, "STUDIO_DATA_DIR": str(workdir / "data"),
-                       "DJANGO_SETTINGS_MODULE": "studio.settings", "STUDIO_LOG_LEVEL": "WARNING"})
+                       "DJANGO_SETTINGS_MODULE": "studio.settings", "STUDIO_LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "WARNING")})
     label, pg_name = prepare_database(workdir)
     try:
         import django
