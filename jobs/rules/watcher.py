@@ -511,7 +511,7 @@ def parse_points(payload: bytes, *, rank: bytes | str) -> list[Point]:
     try:
         raw = json.loads(payload)
         rank_number = int(rank)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):  # RecursionError: brackets nested past json's depth
         return []
     points = []
     for item in raw if isinstance(raw, list) else [raw]:

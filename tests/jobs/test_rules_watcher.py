@@ -257,7 +257,7 @@ def test_the_fast_parsers_agree_with_json_on_odd_payloads():
                 ["loss", 10**30, 1.0, 2.0], {"name": "loss"}, "loss", ["loss", 5.0, 1.0, 2.0], [["loss"], 1, 1.0, 2.0]]
     payloads = [json.dumps(raw).encode(), json.dumps(raw, separators=(",", ":")).encode()]
     payloads += [json.dumps(raw[:50] + [odd] + raw[50:100]).encode() for odd in odd_rows]
-    payloads += [b'[["loss", 1, 1.0, 2.0], ', b"not json", b'{"loss": 1}', b"[]"]
+    payloads += [b'[["loss", 1, 1.0, 2.0], ', b"not json", b'{"loss": 1}', b"[]", b"", b"[" * 100_000]
     for payload in payloads:
         every = parse_points(payload, rank=b"3")
         for name in names:
