@@ -6,7 +6,9 @@ child and everything it forked (gunicorn's workers, Celery's pool and embedded b
 a Ctrl-C in the terminal reaches only the supervisor, which then stops the children in
 order instead of all of them racing the same SIGINT. On Linux each child also asks the
 kernel for SIGTERM when the supervisor dies (PR_SET_PDEATHSIG), so even a SIGKILLed
-supervisor does not leave a half-studio running.
+supervisor does not leave a half-studio running: that signal reaches only the child, so a
+reaper process (studio/reaper.py) outside the supervisor then signals each child's whole
+group and kills what has not stopped after the grace period.
 """
 
 from __future__ import annotations
@@ -91,12 +93,62 @@ def die_with_parent_hook() -> Callable[[], None] | None:
     return hook
 
 
+class Reaper:
+    """The supervisor's side of studio/reaper.py: tell it each process group to end should
+    the supervisor die, and tell it `done` once the supervisor has stopped them itself.
+    Used from the supervisor's main thread only. Without Linux's PDEATHSIG, or if the
+    reaper cannot start, there is none, and the children are on their own as before."""
+
+    def __init__(self, grace: float) -> None:
+        self.grace = grace
+        self.process: subprocess.Popen | None = None
+
+    def _send(self, line: str) -> None:
+        if self.process is None and not line.startswith("+"):
+            return
+        if self.process is None:
+            if not sys.platform.startswith("linux"):
+                return
+            # Its own session: a Ctrl-C or a signal to the supervisor's group is not for it.
+            # Standard error is the supervisor's, so what it did shows where the studio's output goes.
+            self.process = subprocess.Popen(
+                [sys.executable, str(Path(__file__).with_name("reaper.py")), str(self.grace)],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True, text=True,
+            )
+        assert self.process.stdin is not None
+        with contextlib.suppress(BrokenPipeError, OSError, ValueError):
+            self.process.stdin.write(line + "\n")
+            self.process.stdin.flush()
+
+    def watch(self, pgid: int, name: str) -> None:
+        self._send(f"+{pgid} {name}")
+
+    def forget(self, pgid: int) -> None:
+        self._send(f"-{pgid}")
+
+    def release(self, timeout: float = 5.0) -> None:
+        """Everything is stopped: the reaper exits without signalling anything."""
+        if self.process is None:
+            return
+        self._send("done")
+        with contextlib.suppress(OSError, ValueError):
+            assert self.process.stdin is not None
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+
 class Supervisor:
     """Children started together, output merged onto one stream as `name | line`."""
 
-    def __init__(self, out: TextIO | TextIOBase | None = None) -> None:
+    def __init__(self, out: TextIO | TextIOBase | None = None, grace: float = 15.0) -> None:
         self.out = out or sys.stdout
         self.children: list[Child] = []
+        self.reaper = Reaper(grace)
         self._write_lock = threading.Lock()
         self._width = 0
 
@@ -133,6 +185,7 @@ class Supervisor:
             child = Child(spec=spec, process=process)
             started.append(child)
             self.children.append(child)
+            self.reaper.watch(process.pid, spec.name)
         for child in started:
             child.pump = threading.Thread(target=self._pump, args=(child,), name=f"output-{child.name}", daemon=True)
             child.pump.start()
@@ -148,6 +201,9 @@ class Supervisor:
         )
         fresh = Child(spec=child.spec, process=process)
         self.children[self.children.index(child)] = fresh
+        self.reaper.watch(process.pid, fresh.name)
+        if not child.group_alive():
+            self.reaper.forget(child.pid)
         fresh.pump = threading.Thread(target=self._pump, args=(fresh,), name=f"output-{fresh.name}", daemon=True)
         fresh.pump.start()
         return fresh

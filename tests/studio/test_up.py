@@ -221,4 +221,7 @@ def test_children_die_with_a_killed_supervisor(start_studio):
     studio.process.kill()
     studio.process.wait()
 
-    wait_for(lambda: _alive(tree) == [], timeout=STOP_TIMEOUT, message="children to follow the killed supervisor")
+    try:
+        wait_for(lambda: _alive(tree) == [], timeout=STOP_TIMEOUT, message="children to follow the killed supervisor")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; still running:\n" + "\n".join(_alive(tree)) + f"\n{studio.output()}") from None

@@ -120,7 +120,7 @@ class Command(BaseCommand):
         data_dir = Path(settings.DATA_DIR)
         data_dir.mkdir(parents=True, exist_ok=True)
         redis: EmbeddedRedis | None = None
-        supervisor = Supervisor(out=self.stdout)
+        supervisor = Supervisor(out=self.stdout, grace=STOP_GRACE_SECONDS)
         stop = threading.Event()
         previous_handlers: dict[signal.Signals, Any] = {}
         try:
@@ -139,6 +139,8 @@ class Command(BaseCommand):
                 # Durable: a restarted studio finds its queues, metric streams and consumer groups.
                 redis = EmbeddedRedis(data_dir=data_dir / "redis", durable="everysec")
                 redis_url = redis.start()
+                if redis.process is not None:
+                    supervisor.reaper.watch(redis.process.pid, "redis")
                 self.stdout.write(f"Started the embedded Redis at {redis_url}")
             _use_broker(redis_url)
 
@@ -175,6 +177,7 @@ class Command(BaseCommand):
                 supervisor.stop(grace=STOP_GRACE_SECONDS)
             if redis is not None:
                 redis.stop()
+            supervisor.reaper.release()
             for restored, handler in previous_handlers.items():
                 signal.signal(restored, handler)
 
