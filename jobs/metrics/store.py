@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import numpy as np
-from django.db import DataError, IntegrityError, connection, transaction
+from django.db import DataError, IntegrityError, OperationalError, connection, transaction
 
 from jobs.metrics import finite_or_none, rollups, series_index_plans
 from jobs.models import MetricChunk, MetricPoint, SystemMetric, TrainingJob
@@ -85,10 +85,14 @@ def write_points(entries: list[MetricEntry]) -> tuple[int, int]:
                 written, names = _write_entries_postgres(entries)
             _update_final_metrics(names)
             return written, 0
-        except (DataError, IntegrityError) as exc:
+        except (DataError, IntegrityError, OperationalError) as exc:
             # Bad data somewhere in the batch (a step that is not an integer, a name too
-            # long, a payload that is not JSON, a short point): validate point by point
-            # in Python and write what is good.
+            # long, a payload that is not JSON, a short point, brackets nested past the
+            # parser's stack: "stack depth limit exceeded", class 54): validate point by
+            # point in Python and write what is good. Any other operational error (the
+            # connection lost) is the caller's to retry.
+            if isinstance(exc, OperationalError) and not _program_limit(exc):
+                raise
             log.warning("batch refused by the fast path (%s); validating point by point", str(exc).splitlines()[0])
     rows, malformed = parse_entries(entries)
     if connection.vendor == "postgresql":
@@ -99,6 +103,11 @@ def write_points(entries: list[MetricEntry]) -> tuple[int, int]:
     return len(rows), malformed
 
 
+def _program_limit(exc: OperationalError) -> bool:
+    """PostgreSQL's class 54 (program limit exceeded: a statement too complex, a stack too deep)."""
+    return str(getattr(exc.__cause__, "sqlstate", "") or "").startswith("54")
+
+
 def parse_entries(entries: list[MetricEntry]) -> tuple[Rows, int]:
     """The entries' valid points, deduplicated (a later point wins: the stream is in send
     order), and how many points were malformed."""
@@ -107,7 +116,7 @@ def parse_entries(entries: list[MetricEntry]) -> tuple[Rows, int]:
     for entry in entries:
         try:
             points = json.loads(entry.payload)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: brackets nested past json's depth
             log.warning("job %s: an entry that is not JSON was dropped", entry.job_id)
             malformed += 1
             continue

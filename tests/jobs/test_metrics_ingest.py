@@ -170,8 +170,16 @@ def test_malformed_points_are_dropped_and_the_good_ones_written(make_job):
                   ["loss", "three", 1.0, 1_700_000_000.0], ["loss", 4], ["loss", 5, 5.0, 1_700_000_000.0]])
     metrics_redis().xadd(key(METRICS_STREAM, job.pk), {"r": "0", "p": "not json"})
     metrics_redis().xadd(key(METRICS_STREAM, job.pk), {"p": "[]"})  # no rank
-    drain(Flusher(discover_running=False))
+    # Brackets nested past any parser's depth (json's recursion, PostgreSQL's stack).
+    metrics_redis().xadd(key(METRICS_STREAM, job.pk), {"r": "0", "p": "[" * 100_000})
+    flusher = Flusher(discover_running=False)
+    drain(flusher)
     assert series(job) == [(1, 1.0), (5, 5.0)]
+    # Well-formed but as deep: PostgreSQL refuses it with "stack depth limit exceeded".
+    metrics_redis().xadd(key(METRICS_STREAM, job.pk), {"r": "0", "p": "[" * 100_000 + "]" * 100_000})
+    send(job.pk, [["loss", 6, 6.0, 1_700_000_000.0]])
+    drain(flusher)
+    assert series(job) == [(1, 1.0), (5, 5.0), (6, 6.0)]
     assert pending(job.pk) == 0
 
 
