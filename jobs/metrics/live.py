@@ -88,7 +88,7 @@ def metric_data(fields: dict[bytes, bytes]) -> bytes | None:
     if b"NaN" in points or b"Infinity" in points or b"\n" in points or b"\r" in points or not points.startswith(b"["):
         try:
             points = json.dumps(_clean(json.loads(points)), allow_nan=False).encode()
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: brackets nested past json's depth
             return None
     return b'{"rank": ' + str(int(rank)).encode() + b', "points": ' + points + b"}"
 
