@@ -508,10 +508,12 @@ class RuleWatcher:
 def parse_points(payload: bytes, *, rank: bytes | str) -> list[Point]:
     """The points of one stream entry (the SDK's JSON [[name, step, value, time], ...];
     NaN and ±Infinity bare or as strings). Malformed points are skipped (the flusher logs them)."""
+    rank_number = _rank(rank)
     try:
         raw = json.loads(payload)
-        rank_number = int(rank)
     except (ValueError, TypeError, RecursionError):  # RecursionError: brackets nested past json's depth
+        return []
+    if rank_number is None:
         return []
     points = []
     for item in raw if isinstance(raw, list) else [raw]:
@@ -562,17 +564,9 @@ def payload_rows(payload: bytes) -> list[Row] | None:
         return None
 
 
-def first_points(payload: bytes, *, rank: bytes | str) -> list[Point]:
-    """The first point of each metric in one stream entry, in the order the metrics first appear."""
-    rows = payload_rows(payload)
-    rank_number = _rank(rank)
-    if rows is None or rank_number is None:
-        return _first_of_each(parse_points(payload, rank=rank))
-    return first_points_of(rows, rank_number)
-
-
 def first_points_of(rows: list[Row], rank_number: int) -> list[Point]:
-    """first_points of decoded rows: the names and each name's first row come out of C loops."""
+    """The first point of each metric among decoded rows, in the order the metrics first
+    appear: the names and each name's first row come out of C loops."""
     names = list(map(_name, rows))
     earliest = dict(zip(reversed(names), reversed(rows), strict=True))  # later keys overwrite: the first wins
     return [_row_point(earliest[name], rank_number) for name in dict.fromkeys(names)]
@@ -580,13 +574,6 @@ def first_points_of(rows: list[Row], rank_number: int) -> list[Point]:
 
 def _row_point(row: Row, rank_number: int) -> Point:
     return _point(Point, (row.name, row.step, row.value, row.time, rank_number))
-
-
-def _first_of_each(points: list[Point]) -> list[Point]:
-    seen: dict[str, Point] = {}
-    for point in points:
-        seen.setdefault(point.name, point)
-    return list(seen.values())
 
 
 def _points_of(columns: dict[int, tuple[list[int], list[float], list[float]]], names: frozenset[str]) -> list[Point]:
@@ -598,29 +585,10 @@ def _points_of(columns: dict[int, tuple[list[int], list[float], list[float]]], n
     return points
 
 
-def extract_columns(payload: bytes, name: str, rank: bytes | str,
-                    columns: dict[int, tuple[list[int], list[float], list[float]]]) -> None:
-    """Append one metric's points in a stream entry to `columns` (rank → steps, values,
-    times) without making a Point of any."""
-    rank_number = _rank(rank)
-    if rank_number is None:
-        return
-    rows = payload_rows(payload)
-    if rows is None:
-        column = columns.setdefault(rank_number, ([], [], []))
-        for p in parse_points(payload, rank=rank):
-            if p.name == name:
-                column[0].append(p.step)
-                column[1].append(p.value)
-                column[2].append(p.time)
-        return
-    columns_of(rows, name, rank_number, columns)
-
-
 def columns_of(rows: list[Row], name: str, rank_number: int,
                columns: dict[int, tuple[list[int], list[float], list[float]]]) -> None:
-    """extract_columns of decoded rows: one comprehension picks the metric's rows, and map
-    (C loops) makes its columns."""
+    """Append one metric's rows to `columns` (rank → steps, values, times) without making a
+    Point of any: one comprehension picks the metric's rows, and map (C loops) makes its columns."""
     chosen = [row for row in rows if row.name == name]
     if chosen:
         steps, values, times = columns.setdefault(rank_number, ([], [], []))
@@ -629,19 +597,8 @@ def columns_of(rows: list[Row], name: str, rank_number: int,
         times.extend(map(_time, chosen))
 
 
-def extract_points(payload: bytes, names: frozenset[str], *, rank: bytes | str) -> list[Point]:
-    """The points of `names` in one stream entry, without making a Point of the others."""
-    rank_number = _rank(rank)
-    if rank_number is None:
-        return []
-    rows = payload_rows(payload)
-    if rows is None:
-        return [p for p in parse_points(payload, rank=rank) if p.name in names]
-    return points_of(rows, names, rank_number)
-
-
 def points_of(rows: list[Row], names: frozenset[str], rank_number: int) -> list[Point]:
-    """extract_points of decoded rows."""
+    """The points of `names` among decoded rows, without making a Point of the others."""
     return [_row_point(row, rank_number) for row in rows if row.name in names]
 
 

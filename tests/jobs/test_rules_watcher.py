@@ -241,34 +241,44 @@ def test_the_flusher_keeps_entries_the_watcher_has_not_evaluated(project, watche
 
 
 def test_the_fast_parsers_agree_with_json_on_odd_payloads():
-    """extract_columns / extract_points / first_points give what json.loads gives, for the
-    payloads the SDK and the log capture write (any name, negative steps, tiny and huge
-    floats) and fall back on payloads with another spacing."""
+    """Whatever payload_rows accepts, columns_of / points_of / first_points_of give what
+    json.loads gives (parse_points), for the payloads the SDK and the log capture write (any
+    name, negative steps, tiny and huge floats, another spacing); whatever it refuses the
+    watcher reads with parse_points itself — the SDK's own payloads are never refused."""
     import random
 
-    from jobs.rules.watcher import extract_columns, extract_points, first_points, parse_points
+    from jobs.rules.watcher import columns_of, first_points_of, parse_points, payload_rows, points_of
 
     rng = random.Random(7)
     names = ["loss", 'va"l/loss', "accuracy é", "loss_2", "l"]
     raw = [[rng.choice(names), rng.randint(-5, 10**12), rng.choice([0.0, -0.0, 1e-300, 1e300, rng.random(), 12.5]),
             1764620000.0 + rng.random() * 1000] for _ in range(500)]
+    sdk = [json.dumps(raw).encode(), json.dumps(raw, separators=(",", ":")).encode()]
     # Rows of other shapes mixed in: each such payload is read as json.loads reads it.
     odd_rows = [["loss", 1, 2, 3, 4], ["loss", True, 1.0, 2.0], ["loss", 3, "2.5", 2.0], ["loss", 4, 1e400, 2.0],
-                ["loss", 10**30, 1.0, 2.0], {"name": "loss"}, "loss", ["loss", 5.0, 1.0, 2.0], [["loss"], 1, 1.0, 2.0]]
-    payloads = [json.dumps(raw).encode(), json.dumps(raw, separators=(",", ":")).encode()]
-    payloads += [json.dumps(raw[:50] + [odd] + raw[50:100]).encode() for odd in odd_rows]
+                ["loss", 10**30, 1.0, 2.0], {"name": "loss"}, "loss", ["loss", 5.0, 1.0, 2.0], [["loss"], 1, 1.0, 2.0],
+                ["loss", 6, 1, 2.0]]
+    payloads = [*sdk, *(json.dumps(raw[:50] + [odd] + raw[50:100]).encode() for odd in odd_rows)]
     payloads += [b'[["loss", 1, 1.0, 2.0], ', b"not json", b'{"loss": 1}', b"[]", b"", b"[" * 100_000]
+    accepted = 0
     for payload in payloads:
         every = parse_points(payload, rank=b"3")
+        rows = payload_rows(payload)
+        if rows is None:
+            assert payload not in sdk
+            continue
+        accepted += 1
         for name in names:
             want = [p for p in every if p.name == name]
             columns: dict = {}
-            extract_columns(payload, name, b"3", columns)
+            columns_of(rows, name, 3, columns)
             got = columns.get(3, ([], [], []))
             assert got == ([p.step for p in want], [p.value for p in want], [p.time for p in want]), name
-            assert extract_points(payload, frozenset({name}), rank=b"3") == want, name
+            assert points_of(rows, frozenset({name}), 3) == want, name
         firsts = {p.name: p for p in reversed(every)}
-        assert sorted(first_points(payload, rank=b"3")) == sorted(firsts.values())
+        assert sorted(first_points_of(rows, 3)) == sorted(firsts.values())
+    assert accepted >= 4, "the SDK's payloads, an int value among floats, the empty list"
+    assert parse_points(sdk[0], rank=b"x") == [], "a rank that is not a number"
 
 
 def test_a_cycles_transitions_are_stored_together_and_a_failing_batch_falls_back_rule_by_rule(project, watcher,
