@@ -421,6 +421,8 @@ class NodeRun:
                 term_sent_at = time.monotonic()
                 self.capture_note(f"stopping ({reason}): SIGTERM to the job's processes; SIGKILL after "
                                   f"{self.config.stop_grace_seconds:g} s")
+                if self.capture is not None:
+                    self.capture.expect_stop()
                 guard.signal_group(self.process.pid, guard.signal.SIGTERM)
         if self.guard.verdict:
             ended_by = "guard"

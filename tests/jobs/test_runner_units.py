@@ -190,6 +190,42 @@ def test_a_rank_log_is_cut_at_the_cap_with_a_note_and_keeps_its_last_lines(tmp_p
     assert list(capture.launcher_tail) == ["torchrun: a launcher line"]
 
 
+SIGNAL_TRACEBACK = ["Traceback (most recent call last):", '  File "/torch/distributed/run.py", line 1036, in <module>',
+                    "    main()", '  File "/torch/distributed/elastic/multiprocessing/api.py", line 86, in _terminate_process_handler',
+                    "    raise SignalException(f\"Process {os.getpid()} got signal: {sigval}\", sigval=sigval)",
+                    "torch.distributed.elastic.multiprocessing.api.SignalException: Process 4242 got signal: 15"]
+
+
+def test_the_launchers_traceback_on_the_stops_sigterm_is_one_line_and_any_other_is_kept(tmp_path):
+    """A stop is not a crash: once the agent says it is stopping, torchrun's traceback that
+    ends in SignalException becomes one line; before that, or of another exception, or cut
+    short by the pipe's end, every line is logged as it came. Ranks' lines pass untouched."""
+    capture = OutputCapture(logs_dir=tmp_path, max_bytes=100_000, rules=[], publisher=None)
+    for line in SIGNAL_TRACEBACK:  # not stopping: a SIGTERM from elsewhere is worth its traceback
+        capture.feed(line, "err", time.time())
+    capture.expect_stop()
+    capture.feed("W1203 api.py:752] Received Signals.SIGTERM death signal, shutting down workers", "err", time.time())
+    for line in SIGNAL_TRACEBACK[:3]:
+        capture.feed(line, "err", time.time())
+    capture.feed("[rank0]:a rank's line meanwhile", "out", time.time())
+    for line in SIGNAL_TRACEBACK[3:]:
+        capture.feed(line, "err", time.time())
+    other = ["Traceback (most recent call last):", '  File "x.py", line 1, in <module>', "ValueError: not a stop"]
+    for line in other:
+        capture.feed(line, "err", time.time())
+    capture.feed(SIGNAL_TRACEBACK[0], "err", time.time())
+    capture.feed(SIGNAL_TRACEBACK[1], "err", time.time())
+    capture.close()  # the pipe ended mid-traceback: logged as it came
+
+    launcher = (tmp_path / "launcher.log").read_text().splitlines()
+    assert launcher == [*SIGNAL_TRACEBACK,
+                        "W1203 api.py:752] Received Signals.SIGTERM death signal, shutting down workers",
+                        "[trainyard] the launcher ended on the stop's signal (Process 4242 got signal: 15); "
+                        "its traceback is left out",
+                        *other, *SIGNAL_TRACEBACK[:2]]
+    assert (tmp_path / "rank-0.log").read_text() == "a rank's line meanwhile\n"
+
+
 def test_a_job_that_prints_without_pause_never_blocks_on_its_pipe(tmp_path):
     """The reader keeps reading past the cap; a writer of 20 MB finishes promptly."""
     capture = OutputCapture(logs_dir=tmp_path, max_bytes=10_000, rules=[], publisher=None)

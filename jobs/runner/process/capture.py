@@ -47,6 +47,12 @@ TEARDOWN_ABORT = "terminate called without an active exception"
 # A line's own step: "step=120 train_loss=0.31" (what the built-in algorithms print beside
 # the points they send through the SDK; same step, so the two never make two points).
 _STEP_TOKEN = re.compile(r"(?:^|\s)step=(\d+)(?:\s|$)")
+# The launcher's traceback when it ends on the stop's SIGTERM (torch's elastic agent turns
+# the signal into an exception it re-raises): a stop is not a crash, so once a stop is under
+# way such a traceback is replaced by one line saying so (any other traceback is kept whole).
+HELD_TRACEBACK_LINES = 2_000  # a longer one is logged as it came
+_TRACEBACK_START = "Traceback (most recent call last):"
+_SIGNAL_EXCEPTION = re.compile(r"^[\w.]*SignalException: (?P<what>.*)$")
 # "[rank3]:" (our template, global rank) or torchrun's default "[trainer0]:" (local rank).
 _PREFIX = re.compile(r"^\[(?:rank|[A-Za-z_][\w-]*?)(\d+)\]:")
 
@@ -251,6 +257,8 @@ class OutputCapture:
         self.ranks: dict[int, RankState] = {}
         self.launcher_tail: deque[str] = deque(maxlen=LAUNCHER_TAIL_LINES)
         self.teardown_abort_ranks: set[int] = set()
+        self.stopping = False  # set by expect_stop(): the launcher is about to get SIGTERM
+        self._held: dict[str, list[tuple[str, float]]] = {}  # a launcher traceback read while stopping, per pipe
         self.lines = 0
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
@@ -275,13 +283,47 @@ class OutputCapture:
         try:
             while raw := stream.readline(READ_CHUNK):
                 self.feed(raw.decode("utf-8", "replace").rstrip("\r\n"), source, self.clock())
+            self._release_held(source)
         except (OSError, ValueError):  # the pipe was closed under us: the job is over
-            pass
+            self._release_held(source)
         except Exception:  # noqa: BLE001 - a capture bug must not leave the pipe unread (the job would block)
             log.exception("output capture failed; draining the rest of the %s pipe", source)
             with contextlib.suppress(OSError, ValueError):
                 while stream.read(READ_CHUNK):
                     pass
+
+    def expect_stop(self) -> None:
+        """The job is being stopped: a traceback of the launcher that ends in torch's
+        SignalException is the stop itself, and is logged as one line."""
+        self.stopping = True
+
+    def _hold(self, text: str, source: str, at: float) -> bool:
+        """While stopping, keep back the launcher's traceback lines until the exception's
+        line shows what it is. True when the line was taken (held or replaced)."""
+        held = self._held.get(source)
+        if held is None:
+            if not self.stopping or text != _TRACEBACK_START:
+                return False
+            self._held[source] = [(text, at)]
+            return True
+        held.append((text, at))
+        if (text[:1] in (" ", "\t") or not text) and len(held) < HELD_TRACEBACK_LINES:
+            return True
+        del self._held[source]
+        match = _SIGNAL_EXCEPTION.match(text)
+        if match is not None:
+            self._feed_line(LAUNCHER_RANK, f"[trainyard] the launcher ended on the stop's signal ({match['what']}); "
+                            "its traceback is left out", source, at)
+        else:
+            for line, line_at in held:
+                self._feed_line(LAUNCHER_RANK, line, source, line_at)
+        return True
+
+    def _release_held(self, source: str | None = None) -> None:
+        """A traceback cut short (its pipe ended mid-way) is logged as it came."""
+        for held_source in [source] if source is not None else list(self._held):
+            for line, at in self._held.pop(held_source, []):
+                self._feed_line(LAUNCHER_RANK, line, held_source, at)
 
     def note(self, text: str, rank: int = LAUNCHER_RANK) -> None:
         """A line of our own (staging done, limits hit) in the log and the live view."""
@@ -290,8 +332,13 @@ class OutputCapture:
     def feed(self, line: str, source: str, at: float, rank: int | None = None) -> None:
         if rank is None:
             rank, text = split_prefix(line)
+            if rank == LAUNCHER_RANK and (self.stopping or self._held) and self._hold(text, source, at):
+                return
         else:
             text = line
+        self._feed_line(rank, text, source, at)
+
+    def _feed_line(self, rank: int, text: str, source: str, at: float) -> None:
         with self._lock:
             self.lines += 1
             state = self._state(rank)
@@ -349,6 +396,7 @@ class OutputCapture:
             return [state.log.path for state in self.ranks.values()]
 
     def close(self) -> None:
+        self._release_held()
         with self._lock:
             for state in self.ranks.values():
                 state.log.close()
