@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import os
 import sys
 import threading
@@ -32,7 +31,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from trainyard.protocol import ACTIVE_METRIC_JOBS, ENV_JOB_ID, ENV_REDIS_URL, METRICS_STREAM
+from trainyard.protocol import ACTIVE_METRIC_JOBS, ENV_JOB_ID, ENV_REDIS_URL, METRICS_STREAM, metric_payload
 
 DEFAULT_BUFFER = 1_000_000
 LOCAL_BUFFER = 10_000
@@ -212,7 +211,7 @@ class MetricsLogger:
         pipe.sadd(ACTIVE_METRIC_JOBS, self.job_id)
         rank = str(self.rank)
         for start in range(0, len(points), POINTS_PER_ENTRY):
-            pipe.xadd(self.stream, {"r": rank, "p": json.dumps(points[start:start + POINTS_PER_ENTRY])})
+            pipe.xadd(self.stream, {"r": rank, "p": metric_payload(points[start:start + POINTS_PER_ENTRY])})
         pipe.execute()
 
     def _failed(self, exc: Exception) -> None:

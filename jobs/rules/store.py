@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, models, transaction
 from django.utils import timezone
 
 from jobs.models import AlarmTransition, JobRule
@@ -45,6 +45,19 @@ def record(rule: JobRule, transitions: Sequence[Transition]) -> list[AlarmTransi
 _STATE_FIELDS = ["state", "state_reason", "state_values", "last_evaluated_at", "state_changed_at"]
 
 
+def _update_states(rules: list[JobRule]) -> None:
+    """The rules' state fields, one UPDATE statement run for each rule (executemany: one
+    round trip on psycopg 3). Django's bulk_update builds a CASE WHEN of every field for
+    every row, which cost the watcher ~0.2 s of CPU for a cycle's 100 first transitions."""
+    fields = [f for name in _STATE_FIELDS if isinstance(f := JobRule._meta.get_field(name), models.Field)]
+    quote = connection.ops.quote_name
+    sql = (f"UPDATE {quote(JobRule._meta.db_table)} SET " + ", ".join(f"{quote(f.column)} = %s" for f in fields)
+           + f" WHERE {quote(JobRule._meta.pk.column)} = %s")
+    params = [[f.get_db_prep_save(getattr(rule, f.attname), connection) for f in fields] + [rule.pk] for rule in rules]
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, params)
+
+
 def record_many(changes: Sequence[tuple[JobRule, Sequence[Transition]]]) -> list[AlarmTransition]:
     """record() for several rules at once — what one watcher cycle caused, in one
     transaction: one INSERT of every transition and one UPDATE of the rules' states. Then
@@ -68,7 +81,7 @@ def record_many(changes: Sequence[tuple[JobRule, Sequence[Transition]]]) -> list
             if any(t.from_state != t.to_state for t in transitions):
                 rule.state_changed_at = moment(last.at)
             rules[rule.pk] = rule  # a rule twice in one cycle: its last state is the object's
-        JobRule.objects.bulk_update(list(rules.values()), _STATE_FIELDS)
+        _update_states(list(rules.values()))
     taken_rows = []
     stored = iter(rows)
     for rule, transitions in changes:

@@ -56,7 +56,13 @@ def test_points_reach_the_job_stream_packed_with_their_rank(client, job_id):
     assert {rank for rank, _ in points} == {3}
     name, step, value, at = points[0][1]
     assert (name, step, value) == ("loss", 0, 1.0) and abs(at - time.time()) < 60
-    assert [p[1][:3] for p in points[-2:]] == [["acc", 12_000, 0.5], ["lr", 12_000, 1e-3]]
+    assert [p[:3] for _, p in points if p[0] != "loss"] == [["acc", 12_000, 0.5], ["lr", 12_000, 1e-3]]
+    # Each entry's points grouped by name (trainyard.protocol.metric_payload), each name's
+    # in the order they were logged.
+    for _, fields in entries:
+        names = [point[0] for point in json.loads(fields[b"p"])]
+        assert names == sorted(names)
+    assert [p[1] for _, p in points if p[0] == "loss"] == list(range(12_000))
     assert client.sismember(ACTIVE_METRIC_JOBS, job_id), "the flusher learns where to look"
 
 

@@ -109,6 +109,37 @@ def test_a_custom_m_of_n_rule_fires_where_its_definition_says(project, watcher):
     assert "alarm:loss-high" in job.tags and job.status == JobStatus.TRAINING
 
 
+def test_a_rule_on_one_metric_of_the_sdks_grouped_entries_sees_exactly_its_points(project, watcher, monkeypatch):
+    """Entries the SDK writes (trainyard.metrics, grouped by name) with several metrics: once
+    the rules have their first data, only the watched metric's span of each entry is decoded
+    (span_rows), and the custom rule still fires at the step its definition says."""
+    from django.conf import settings
+
+    import jobs.rules.watcher as watcher_module
+    from trainyard.metrics import MetricsLogger
+
+    spans = []
+    real_span_rows = watcher_module.span_rows
+    monkeypatch.setattr(watcher_module, "span_rows", lambda *a: spans.append(r := real_span_rows(*a)) or r)
+    rule = {"name": "loss-high", "type": "custom", "actions": ["tag"],
+            "parameters": {"metric": "loss", "statistic": "mean", "window": 10, "comparison": ">", "threshold": 2,
+                           "datapoints_to_alarm": 2, "evaluation_periods": 3}}
+    job = running_job(project, [rule])
+    w = watcher()
+    logger = MetricsLogger(job.pk, settings.REDIS_URL)
+    for step in range(0, 3000):  # loss jumps to 5 from step 2,000: the periods ending at 2,009 and 2,019 breach
+        logger.log_metrics({"acc": 0.5, "loss": 5.0 if step >= 2000 else 1.0, "lr": 0.1, "zeta": 2.0}, step)
+        if step % 500 == 499:
+            assert logger.flush(10)
+            run(w, 1)
+    run(w, 2)
+    changes = list(AlarmTransition.objects.filter(job=job, rule__name="loss-high").order_by("at", "pk")
+                   .values_list("from_state", "to_state", "step"))
+    assert ("OK", "ALARM", 2019) in changes, changes
+    assert spans and all(rows is not None and {r.name for r in rows} == {"loss"} for rows in spans), \
+        "the grouped entries' spans hold the watched metric's rows only"
+
+
 def test_entries_a_dead_watcher_read_and_never_acked_are_read_again(project, watcher):
     job = running_job(project, [])
     first = watcher(consumer="first")
@@ -247,13 +278,14 @@ def test_the_fast_parsers_agree_with_json_on_odd_payloads():
     watcher reads with parse_points itself — the SDK's own payloads are never refused."""
     import random
 
-    from jobs.rules.watcher import columns_of, first_points_of, parse_points, payload_rows, points_of
+    from jobs.rules.watcher import columns_of, first_points_of, parse_points, payload_rows, points_of, span_rows
+    from trainyard.protocol import metric_payload
 
     rng = random.Random(7)
-    names = ["loss", 'va"l/loss', "accuracy é", "loss_2", "l"]
+    names = ["loss", 'va"l/loss', "accuracy é", "loss_2", "l", 'x["loss", 1]', "val_loss"]
     raw = [[rng.choice(names), rng.randint(-5, 10**12), rng.choice([0.0, -0.0, 1e-300, 1e300, rng.random(), 12.5]),
             1764620000.0 + rng.random() * 1000] for _ in range(500)]
-    sdk = [json.dumps(raw).encode(), json.dumps(raw, separators=(",", ":")).encode()]
+    sdk = [json.dumps(raw).encode(), json.dumps(raw, separators=(",", ":")).encode(), metric_payload(raw).encode()]
     # Rows of other shapes mixed in: each such payload is read as json.loads reads it.
     odd_rows = [["loss", 1, 2, 3, 4], ["loss", True, 1.0, 2.0], ["loss", 3, "2.5", 2.0], ["loss", 4, 1e400, 2.0],
                 ["loss", 10**30, 1.0, 2.0], {"name": "loss"}, "loss", ["loss", 5.0, 1.0, 2.0], [["loss"], 1, 1.0, 2.0],
@@ -263,6 +295,20 @@ def test_the_fast_parsers_agree_with_json_on_odd_payloads():
     accepted = 0
     for payload in payloads:
         every = parse_points(payload, rank=b"3")
+        for name in names:
+            # One metric's span: the rows json.loads reads of it, or None (decode it whole).
+            picked = span_rows(payload, b"[" + json.dumps(name).encode() + b",", json.dumps(name).encode())
+            if picked is None:
+                assert payload not in sdk, name
+                continue
+            columns = {}
+            columns_of(picked, name, 3, columns)
+            want = [p for p in every if p.name == name]
+            if every or payload == b"[]":  # JSON json.loads reads: the same points
+                assert columns.get(3, ([], [], []))[0] == [p.step for p in want], name
+                assert columns.get(3, ([], [], []))[1] == [p.value for p in want], name
+            if payload == sdk[2]:
+                assert {row.name for row in picked} <= {name}, "grouped by name: only its own rows are decoded"
         rows = payload_rows(payload)
         if rows is None:
             assert payload not in sdk

@@ -15,7 +15,6 @@ fill its pipe and stall it, nor fill the node's disk.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import queue
@@ -28,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from trainyard.protocol import ACTIVE_METRIC_JOBS, LOG_STREAM_MAXLEN, LOGS_STREAM, METRICS_STREAM, key
+from trainyard.protocol import ACTIVE_METRIC_JOBS, LOG_STREAM_MAXLEN, LOGS_STREAM, METRICS_STREAM, key, metric_payload
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +162,7 @@ class LivePublisher(threading.Thread):
             for rank, rank_points in points.items():
                 for start in range(0, len(rank_points), POINTS_PER_ENTRY):
                     chunk = rank_points[start:start + POINTS_PER_ENTRY]
-                    pipe.xadd(key(METRICS_STREAM, self.job_id), {"r": rank, "p": json.dumps(chunk)})
+                    pipe.xadd(key(METRICS_STREAM, self.job_id), {"r": rank, "p": metric_payload(chunk)})
             if points:
                 pipe.sadd(ACTIVE_METRIC_JOBS, self.job_id)
             pipe.execute()
