@@ -77,6 +77,19 @@ def test_a_nan_loss_is_stopped_by_the_default_rule_and_its_checkpoint_kept(clust
     assert any("rule non_finite" in m for m in messages), messages
 
 
+def test_a_printed_nan_loss_read_by_a_metric_definition_is_stopped_too(cluster, submit):
+    job = submit("curve.py", hyperparameters={"shape": "nan", "at": 8, "steps": 400, "delay": 0.2, "via": "print"},
+                 metric_definitions=[{"name": "val_loss", "regex": r"step (?P<step>\d+) loss (?P<value>\S+)"}])
+    job = wait_job(cluster, with_rules(job, []), timeout=90)
+
+    assert (job.status, job.stop_reason, job.stop_rule) == (JobStatus.STOPPED, "RuleTriggered", "non_finite"), (
+        job.status, job.failure_reason)
+    alarm = AlarmTransition.objects.get(job=job, to_state=RuleState.ALARM)
+    assert alarm.step == 8 and "val_loss" in alarm.reason and "NaN" in alarm.reason, (alarm.step, alarm.reason)
+    assert not job.metric_points.filter(name="loss").exists()  # it came from the log, not the SDK
+    assert job.metric_points.filter(name="val_loss", step__lt=8).count() == 7
+
+
 def test_a_script_that_goes_silent_is_caught_by_stalled(cluster, submit):
     job = with_rules(submit("curve.py", hyperparameters={"shape": "sleep", "at": 3, "sleep": 300, "delay": 0.1}),
                      [{"type": "stalled", "parameters": {"threshold_seconds": 4}, "actions": ["stop"]}])

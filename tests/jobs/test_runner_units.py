@@ -152,7 +152,8 @@ def test_metric_rules_take_a_step_group_or_count_matches(tmp_path):
     rules, problems = compile_metric_rules([
         {"name": "loss", "regex": r"loss=([0-9.]+)"},
         {"name": "acc", "regex": r"step (?P<step>\d+) acc (?P<value>[0-9.]+)"},
-        {"name": "bad", "regex": r"oops(("}, {"name": "nogroup", "regex": r"loss"}])
+        {"name": "bad", "regex": r"oops(("}, {"name": "nogroup", "regex": r"loss"},
+        {"name": "val_loss", "regex": r"val loss=(\S+)"}])
     published: list[tuple] = []
 
     class Recorder:
@@ -164,13 +165,19 @@ def test_metric_rules_take_a_step_group_or_count_matches(tmp_path):
 
     capture = OutputCapture(logs_dir=tmp_path, max_bytes=10_000, rules=rules, publisher=Recorder())  # type: ignore[arg-type]
     for line in ("[rank0]:loss=0.5", "[rank1]:loss=0.7", "[rank0]:loss=0.25", "[rank0]:step 40 acc 0.9",
-                 "[rank0]:loss=nan", "launcher loss=9", "[rank1]:step=120 loss=0.1"):
+                 "[rank0]:loss=nan", "launcher loss=9", "[rank1]:step=120 loss=0.1",
+                 "[rank0]:step=20 val loss=inf", "[rank0]:val loss=NaN", "[rank0]:val loss=-Infinity",
+                 "[rank0]:val loss=n/a"):
         capture.feed(line, "out", time.time())
     capture.close()
 
     assert [p.split("'")[1] for p in problems] == ["bad", "nogroup"]
-    assert published == [(0, "loss", 0, 0.5), (1, "loss", 0, 0.7), (0, "loss", 1, 0.25), (0, "acc", 40, 0.9),
-                         (1, "loss", 120, 0.1)]
+    # A printed non-finite value is a point like the SDK's (the rule non_finite stops on it);
+    # what float() cannot read is no point.
+    val = [(rank, step, repr(value)) for rank, name, step, value in published if name == "val_loss"]
+    assert val == [(0, 20, "inf"), (0, 1, "nan"), (0, 2, "-inf")]
+    assert [p for p in published if p[1] != "val_loss"] == [
+        (0, "loss", 0, 0.5), (1, "loss", 0, 0.7), (0, "loss", 1, 0.25), (0, "acc", 40, 0.9), (1, "loss", 120, 0.1)]
 
 
 def test_a_rank_log_is_cut_at_the_cap_with_a_note_and_keeps_its_last_lines(tmp_path):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import queue
 import re
 import threading
@@ -379,8 +378,10 @@ class OutputCapture:
                     line_step = int(token.group(1)) if token else -1
                 step = line_step if line_step >= 0 else state.metric_counts.get(rule.name, 0)
             state.metric_counts[rule.name] = state.metric_counts.get(rule.name, 0) + 1
-            if math.isfinite(value):  # NaN/Inf are not JSON numbers and the database refuses them
-                points.append((rule.name, step, value))
+            # "nan", "inf", "-Infinity" (any case) are sent as the SDK sends them: a printed
+            # `loss=nan` is what the rule non_finite is there to stop; the store and the live
+            # view turn them into their own forms (the database keeps no NaN).
+            points.append((rule.name, step, value))
         return points
 
     def stderr_tail(self, rank: int) -> list[str]:

@@ -2,7 +2,9 @@
 --every steps; the shape is chosen by --shape:
 - nan: 0.95**step until --at, then NaN (a diverged run) and on for --steps;
 - sleep: --at steps, then silent (no point, no log line) for --sleep seconds;
-- series: the values of --values (comma-separated), one per step."""
+- series: the values of --values (comma-separated), one per step.
+--via print: the loss is only printed ("step N loss X", for the job's metric_definitions),
+never sent through the SDK."""
 
 import argparse
 import os
@@ -19,6 +21,7 @@ parser.add_argument("--every", type=int, default=1)
 parser.add_argument("--delay", type=float, default=0.2)
 parser.add_argument("--sleep", type=float, default=120.0)
 parser.add_argument("--values", default="")
+parser.add_argument("--via", default="sdk", choices=["sdk", "print"])
 args, _ = parser.parse_known_args()
 folder = os.environ["SM_CHECKPOINT_DIR"]
 values = [float(v) for v in args.values.split(",") if v] if args.shape == "series" else []
@@ -30,7 +33,8 @@ for step in range(1, steps + 1):
         loss = float("nan")
     else:
         loss = 0.95 ** step
-    log_metric("loss", loss, step)
+    if args.via == "sdk":
+        log_metric("loss", loss, step)
     print(f"step {step} loss {loss}", flush=True)
     if step % args.every == 0:
         checkpoints.save_checkpoint({"step": step}, step, folder)
