@@ -242,9 +242,11 @@ def check_submission(project: Project, data: dict) -> CheckedSubmission:
     checkpoint = data.get("checkpoint") or {}
     check_checkpoint_uri(checkpoint.get("uri", ""))
     from jobs.rules.engine import RuleError, check_rules
+    from jobs.rules.store import check_channels_exist
 
     try:
         rules = check_rules(data.get("rules") or [])
+        check_channels_exist(project.pk, rules)
     except RuleError as exc:
         raise JobError({exc.field: exc.message}) from exc
     return CheckedSubmission(inputs=inputs, hyperparameters=hyperparameters, script=script, distribution=distribution,

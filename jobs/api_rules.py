@@ -74,7 +74,7 @@ class JobRuleListView(PaginatedAPIView):
     def post(self, request: Request, pk: int) -> Response:
         job = get_job_for_user(request.user, pk, write=True)
         try:
-            rule = add_rule(job.pk, _body(request), job_finished=job.is_finished())
+            rule = add_rule(job.pk, _body(request), job_finished=job.is_finished(), project_id=job.project_id)
         except RuleError as exc:
             raise rule_error(exc) from exc
         except RuleConflict as exc:

@@ -37,7 +37,7 @@ def rule_add(request: HttpRequest, pk: int) -> HttpResponse:
     if name := (request.POST.get("name") or "").strip():
         spec["name"] = name
     try:
-        rule = add_rule(job.pk, spec, job_finished=job.is_finished())
+        rule = add_rule(job.pk, spec, job_finished=job.is_finished(), project_id=job.project_id)
     except RuleError as exc:
         messages.error(request, f"Rule not added: {exc.field}: {exc.message}" if exc.field else f"Rule not added: {exc.message}")
     except RuleConflict as exc:

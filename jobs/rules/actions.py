@@ -89,4 +89,13 @@ def _notify(rule: JobRule, job: TrainingJob, row: AlarmTransition, t: Transition
     from studio.notify import notify
 
     ids = notify(job.project_id, ALARM_EVENT, alarm_payload(rule, job, row, t), channels=channels)
-    return {"type": "notify", "deliveries": ids}
+    if ids:
+        return {"type": "notify", "deliveries": ids}
+    # Said on the transition (the job page shows it): an alarm that reached no one.
+    if not channels:
+        why = "the project has no enabled channel"
+    elif len(channels) == 1:
+        why = f"{channels[0]} is not an enabled channel of the project"
+    else:
+        why = f"none of {', '.join(channels)} is an enabled channel of the project"
+    return {"type": "notify", "deliveries": [], "result": f"not sent: {why}"}

@@ -108,7 +108,34 @@ class RuleConflict(Exception):
     """The job is finished: its rules no longer change (a 409)."""
 
 
-def add_rule(job_id: int, raw: Any, *, job_finished: bool) -> JobRule:
+def check_channels_exist(project_id: int, specs: Sequence[dict], *, paths: Sequence[str] | None = None) -> None:
+    """Every channel a notify action names must be one of the project's (enabled or not: an
+    admin may turn one off for a while): a misspelt name would send the alarm nowhere.
+    RuleError names the first unknown one under its spec's path (`paths[i]`, default
+    `rules[i]`): `rules[1].actions[0].channels[2]`; "" for a lone rule (`actions[0]…`)."""
+    from jobs.rules.engine import RuleError
+    from studio.models import NotificationChannel
+
+    named = [(index, position, where, name)
+             for index, spec in enumerate(specs)
+             for position, action in enumerate(spec.get("actions") or [])
+             if action.get("type") == "notify" and action.get("channels")
+             for where, name in enumerate(action["channels"])]
+    if not named:
+        return
+    known = set(NotificationChannel.objects.filter(project_id=project_id).values_list("name", flat=True))
+    for index, position, where, name in named:
+        if name in known:
+            continue
+        base = paths[index] if paths is not None else f"rules[{index}]"
+        listed = ", ".join(repr(channel) for channel in sorted(known)[:20])
+        raise RuleError(f"{base}{'.' if base else ''}actions[{position}].channels[{where}]",
+                        f"the project has no notification channel named {name!r}"
+                        + (f"; its channels are {listed}." if listed else
+                           "; it has none yet (a project admin adds them on the project's Notifications page)."))
+
+
+def add_rule(job_id: int, raw: Any, *, job_finished: bool, project_id: int) -> JobRule:
     """Check and add one rule to a job; RuleError names the bad field; a duplicate name is a
     RuleError on "name". The watcher picks it up within DISCOVER_SECONDS."""
     from jobs.rules.engine import RuleError, check_rule
@@ -116,6 +143,7 @@ def add_rule(job_id: int, raw: Any, *, job_finished: bool) -> JobRule:
     if job_finished:
         raise RuleConflict("The job has finished; rules can be added only to pending or running jobs.")
     spec = check_rule(raw)
+    check_channels_exist(project_id, [spec], paths=[""])
     if JobRule.objects.filter(job_id=job_id, name=spec["name"]).exists():
         raise RuleError("name", f"The job already has a rule named {spec['name']!r}; pick another name or PATCH that one.")
     return JobRule.objects.create(job_id=job_id, name=spec["name"], type=spec["type"], parameters=spec["parameters"],
@@ -134,6 +162,7 @@ def update_rule(rule: JobRule, raw: Any, *, job_finished: bool) -> JobRule:
     if job_finished:
         raise RuleConflict("The job has finished; its rules no longer change.")
     spec = check_rule(raw, partial=spec_of(rule))
+    check_channels_exist(rule.job.project_id, [spec], paths=[""])
     if spec["name"] != rule.name and JobRule.objects.filter(job_id=rule.job_id, name=spec["name"]).exists():
         raise RuleError("name", f"The job already has a rule named {spec['name']!r}.")
     rule.name, rule.parameters, rule.actions, rule.enabled = spec["name"], spec["parameters"], spec["actions"], spec["enabled"]

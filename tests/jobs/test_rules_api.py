@@ -141,3 +141,32 @@ def test_the_alarms_list_shows_what_is_firing_in_readable_projects(viewer, outsi
     assert client_for(outsider).get("/api/v1/alarms/").json()["count"] == 0
     transitions = client_for(viewer).get(f"/api/v1/jobs/{running.pk}/alarm-transitions/").json()
     assert [(t["rule"], t["to_state"]) for t in transitions["results"]] == [("hot", "ALARM")]
+
+
+def test_a_notify_action_must_name_the_projects_channels(owner, teammate, client_for, version, running, project):
+    from studio.models import NotificationChannel
+
+    NotificationChannel.objects.create(project=project, name="ops", kind="webhook", url="http://127.0.0.1:9/hook")
+    NotificationChannel.objects.create(project=project, name="paused", kind="webhook", url="http://127.0.0.1:9/x",
+                                       enabled=False)
+    misspelt = [{"type": "stalled"}, {"type": "custom", "parameters": {"metric": "loss", "threshold": 1},
+                                      "actions": ["tag", {"type": "notify", "channels": ["ops", "opps"]}]}]
+    response = client_for(owner).post("/api/v1/jobs/", body(version, rules=misspelt), format="json")
+    assert response.status_code == 400, response.json()
+    message = response.json()["error"]["fields"]["rules[1].actions[1].channels[1]"][0]
+    assert "'opps'" in message and "'ops'" in message and "'paused'" in message, message
+    assert not TrainingJob.objects.filter(name="ruled").exists()
+    # A disabled channel is still the project's (an admin may turn it back on).
+    named = [{"type": "stalled", "actions": [{"type": "notify", "channels": ["ops", "paused"]}]}]
+    assert client_for(owner).post("/api/v1/jobs/", body(version, rules=named), format="json").status_code == 201
+
+    url = f"/api/v1/jobs/{running.pk}/rules/"
+    added = client_for(teammate).post(url, {"type": "stalled", "actions": [{"type": "notify", "channels": ["nope"]}]},
+                                      format="json")
+    assert added.status_code == 400 and set(added.json()["error"]["fields"]) == {"actions[0].channels[0]"}, added.json()
+    assert not JobRule.objects.filter(job=running).exists()
+    assert client_for(teammate).post(url, {"type": "stalled", "actions": ["notify"]}, format="json").status_code == 201
+    changed = client_for(teammate).patch(url, {"name": "stalled", "actions": [{"type": "notify", "channels": ["x"]}]},
+                                         format="json")
+    assert changed.status_code == 400 and set(changed.json()["error"]["fields"]) == {"actions[0].channels[0]"}
+    assert JobRule.objects.get(job=running).actions == [{"type": "notify", "channels": None}]

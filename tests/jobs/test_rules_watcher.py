@@ -203,7 +203,7 @@ def test_a_rule_added_while_the_job_runs_is_picked_up(project, watcher):
 
     add_rule(job.pk, {"type": "custom", "name": "big", "parameters": {"metric": "loss", "threshold": 10,
                                                                        "comparison": ">"}, "actions": ["stop"]},
-             job_finished=False)
+             job_finished=False, project_id=job.project_id)
     run(w)
     send(job, [("loss", 2, 50.0)])
     run(w)
@@ -381,3 +381,22 @@ def test_record_many_stores_each_rules_last_state_and_changes_its_time_only_on_a
     assert AlarmTransition.objects.get(pk=stored[0].pk).values == {"v": "NaN"}
     job.refresh_from_db()
     assert (job.status, job.stop_rule) == (JobStatus.STOPPING, "non_finite"), "the ALARM's stop action ran"
+
+
+def test_a_notify_that_reaches_no_channel_says_so_on_the_transition(project, watcher):
+    from studio.models import Delivery, NotificationChannel
+
+    job = running_job(project, [{"type": "custom", "name": "big", "parameters": {"metric": "loss", "threshold": 10,
+                                                                                 "comparison": ">"},
+                                 "actions": ["notify", {"type": "notify", "channels": ["ops"]}]}])
+    NotificationChannel.objects.create(project=project, name="ops", kind="webhook", url="http://127.0.0.1:9/hook",
+                                       enabled=False)  # named, but turned off
+    w = watcher()
+    send(job, [("loss", 1, 50.0)])
+    run(w)
+    alarm = AlarmTransition.objects.get(job=job, rule__name="big", to_state=RuleState.ALARM)
+    assert alarm.actions_taken == [
+        {"type": "notify", "deliveries": [], "result": "not sent: the project has no enabled channel"},
+        {"type": "notify", "deliveries": [], "result": "not sent: ops is not an enabled channel of the project"},
+    ], alarm.actions_taken
+    assert not Delivery.objects.exists()
