@@ -9,6 +9,8 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from jobs.models import AlarmTransition, Distribution, JobRule, JobStatus, TrainingJob
+from jobs.patterns import compile_pattern
+from jobs.patterns import error as PatternError
 from jobs.sagemaker_distribution import DistributionField, SageMakerDistribution
 from studio.validators import clean_name
 
@@ -49,8 +51,8 @@ class MetricDefinitionSerializer(serializers.Serializer):
 
     def validate_regex(self, value: str) -> str:
         try:
-            compiled = re.compile(value)
-        except re.error as exc:
+            compiled = compile_pattern(value)  # the syntax the node agent matches with (jobs.patterns)
+        except PatternError as exc:
             raise serializers.ValidationError(f"Not a valid regular expression: {exc}") from exc
         if compiled.groups < 1:
             raise serializers.ValidationError("Needs a capture group for the value, e.g. loss=([0-9.eE+-]+)")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import math
 import operator
-import re
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from jobs.patterns import PatternTimeout, compile_pattern, search
 from jobs.rules.common import (
     _INF,
     ALARM,
@@ -26,7 +26,7 @@ from jobs.rules.evaluation import Evaluator, GpuSample, Point, Transition, _as_f
 
 class _NonFinite(Evaluator):
     def __init__(self, spec: dict, **kwargs: Any) -> None:
-        self._pattern = re.compile(spec["parameters"]["metrics"])
+        self._pattern = compile_pattern(spec["parameters"]["metrics"])  # a user's pattern: jobs.patterns
         self._matches: dict[str, bool] = {}
         super().__init__(spec, **kwargs)
 
@@ -47,7 +47,11 @@ class _NonFinite(Evaluator):
             if match is None:
                 if len(matches) > 10000:
                     matches.clear()
-                match = matches[name] = self._pattern.search(name) is not None
+                try:
+                    match = search(self._pattern, name) is not None
+                except PatternTimeout:  # a pattern that backtracks without end decides nothing: not watched
+                    match = False
+                matches[name] = match
             if not match:
                 continue
             if self.state == INSUFFICIENT_DATA:

@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from jobs.patterns import compile_pattern
+from jobs.patterns import error as PatternError
 from jobs.rules.common import (
     ACTION_TYPES,
     COMPARISONS,
@@ -116,8 +118,8 @@ def _check_param(path: str, value: object, spec: _Param) -> Any:
         if not isinstance(value, str) or not 1 <= len(value) <= 500:
             raise RuleError(path, f"must be a regular expression on metric names (1 to 500 characters), not {_describe(value)}.")
         try:
-            re.compile(value)
-        except re.error as exc:
+            compile_pattern(value)  # the syntax the watcher matches with (jobs.patterns)
+        except PatternError as exc:
             raise RuleError(path, f"is not a valid regular expression ({exc}); e.g. \"(?i)loss\".") from None
         return value
     if spec.kind == "choice":

@@ -106,6 +106,21 @@ def test_non_finite_finite_sum_overflow_is_not_an_alarm():
     assert steps_and_states(transitions) == [(1, OK)]
 
 
+def test_non_finite_with_a_pattern_that_backtracks_without_end_never_freezes_the_watcher():
+    # Python's re would take hours on this name under (a|aa)+$ (and hold the GIL): the
+    # watcher evaluates every job's rules, so the match is cut off and the name not watched.
+    import threading
+
+    ev = make({"type": "non_finite", "parameters": {"metrics": r"(?i)loss|(a|aa)+$"}})
+    out: list = []
+    worker = threading.Thread(target=lambda: out.extend(ev.observe(
+        curve("a" * 60 + "!", {1: math.nan}) + curve("train_loss", {2: math.nan}))), daemon=True)
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive(), "the rule is stuck in a regex"
+    assert steps_and_states(out) == [(2, ALARM)]
+
+
 # --- loss_not_decreasing --------------------------------------------------------------------
 
 def test_loss_not_decreasing_on_a_decreasing_curve_stays_ok():

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from pathlib import Path
 
@@ -178,6 +179,42 @@ def test_metric_rules_take_a_step_group_or_count_matches(tmp_path):
     assert val == [(0, 20, "inf"), (0, 1, "nan"), (0, 2, "-inf")]
     assert [p for p in published if p[1] != "val_loss"] == [
         (0, "loss", 0, 0.5), (1, "loss", 0, 0.7), (0, "loss", 1, 0.25), (0, "acc", 40, 0.9), (1, "loss", 120, 0.1)]
+
+
+def test_a_regex_that_backtracks_without_end_is_dropped_and_never_freezes_the_agent(tmp_path):
+    # (a|aa)+$ on 60 a's and a '!' backtracks for ages under Python's re, holding the GIL: the
+    # node agent (heartbeats, every job's logs) would freeze. Here each try is cut off, the
+    # regex is dropped after METRIC_TIMEOUTS_ALLOWED lines with a note, the others go on.
+    from jobs.runner.process.capture import METRIC_TIMEOUTS_ALLOWED
+
+    rules, problems = compile_metric_rules([{"name": "evil", "regex": r"(a|aa)+$()"},
+                                            {"name": "loss", "regex": r"loss=([0-9.]+)"}])
+    assert problems == []
+    capture = OutputCapture(logs_dir=tmp_path, max_bytes=100_000, rules=rules, publisher=None)
+    ticks = [0]
+    done = threading.Event()
+
+    def feed() -> None:
+        for step in range(METRIC_TIMEOUTS_ALLOWED + 2):
+            capture.feed(f"[rank0]:step={step} loss=0.{step + 1} " + "a" * 60 + "!", "out", time.time())
+        done.set()
+
+    def count() -> None:  # another thread of the agent: it must keep running meanwhile
+        while not done.is_set():
+            ticks[0] += 1
+            time.sleep(0.001)
+
+    threads = [threading.Thread(target=feed, daemon=True), threading.Thread(target=count, daemon=True)]
+    for thread in threads:
+        thread.start()
+    assert done.wait(30), "the capture is stuck in a regex"
+    capture.close()
+    assert ticks[0] > 0
+    assert [rule.name for rule in capture.rules] == ["loss"]
+    launcher = (tmp_path / "launcher.log").read_text()
+    assert "metric 'evil'" in launcher and "ran out of time" in launcher, launcher
+    # The loss definition read every line.
+    assert capture.ranks[0].metric_counts["loss"] == METRIC_TIMEOUTS_ALLOWED + 2
 
 
 def test_a_rank_log_is_cut_at_the_cap_with_a_note_and_keeps_its_last_lines(tmp_path):

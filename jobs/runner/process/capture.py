@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from jobs.patterns import MATCH_TIMEOUT_SECONDS, PatternTimeout, compile_pattern, search
+from jobs.patterns import error as PatternError
 from trainyard.protocol import ACTIVE_METRIC_JOBS, LOG_STREAM_MAXLEN, LOGS_STREAM, METRICS_STREAM, key, metric_payload
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,7 @@ LAUNCHER_TAIL_LINES = 300
 CUT_TAIL_LINES = 200
 CUT_TAIL_BYTES = 256 * 1024
 METRIC_MATCH_CHARS = 4096  # regexes see at most this much of a line (bounded cost per line)
+METRIC_TIMEOUTS_ALLOWED = 3  # lines a definition's regex may run out of time on before it is dropped
 POINTS_PER_ENTRY = 5_000
 PUBLISH_INTERVAL_SECONDS = 0.2
 TEARDOWN_ABORT = "terminate called without an active exception"
@@ -67,12 +70,13 @@ def split_prefix(line: str) -> tuple[int, str]:
 @dataclass(frozen=True)
 class MetricRule:
     name: str
-    pattern: re.Pattern[str]
+    pattern: Any  # jobs.patterns.compile_pattern's: matched with a time limit, the GIL released
     value_group: int | str
     has_step: bool
 
     def match(self, text: str) -> tuple[float, int | None] | None:
-        found = self.pattern.search(text[:METRIC_MATCH_CHARS])
+        """(value, step or None) of a matching line; raises PatternTimeout (jobs.patterns)."""
+        found = search(self.pattern, text[:METRIC_MATCH_CHARS])
         if found is None:
             return None
         try:
@@ -92,8 +96,8 @@ def compile_metric_rules(definitions: Iterable[dict]) -> tuple[list[MetricRule],
     for definition in definitions or []:
         name, regex = str(definition.get("name", "")), str(definition.get("regex", ""))
         try:
-            pattern = re.compile(regex)
-        except re.error as exc:
+            pattern = compile_pattern(regex)
+        except PatternError as exc:
             problems.append(f"metric {name!r}: bad regex {regex!r} ({exc}); ignored")
             continue
         names_by_index = {index: group for group, index in pattern.groupindex.items()}
@@ -258,6 +262,8 @@ class OutputCapture:
         self.stopping = False  # set by expect_stop(): the launcher is about to get SIGTERM
         self._held: dict[str, list[tuple[str, float]]] = {}  # a launcher traceback read while stopping, per pipe
         self.lines = 0
+        self._timeouts: dict[str, int] = {}  # per metric definition: lines its regex ran out of time on
+        self._dropped_rules: list[MetricRule] = []
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
 
@@ -348,6 +354,11 @@ class OutputCapture:
                 if TEARDOWN_ABORT in text:
                     self.teardown_abort_ranks.add(rank)
             points = self._match_metrics(state, text) if rank != LAUNCHER_RANK else []
+            dropped, self._dropped_rules = self._dropped_rules, []
+        for rule in dropped:
+            self.note(f"metric {rule.name!r}: its regex {rule.pattern.pattern!r} ran out of time "
+                      f"({METRIC_TIMEOUTS_ALLOWED} lines took over {MATCH_TIMEOUT_SECONDS} s each: it backtracks "
+                      f"without end); it reads no more lines of this job")
         if self.publisher is not None:
             if not state.log.cut:
                 self.publisher.put_line(rank, at, source, text)
@@ -367,7 +378,13 @@ class OutputCapture:
         points = []
         line_step: int | None = None
         for rule in self.rules:
-            found = rule.match(text)
+            try:
+                found = rule.match(text)
+            except PatternTimeout:
+                self._timeouts[rule.name] = self._timeouts.get(rule.name, 0) + 1
+                if self._timeouts[rule.name] >= METRIC_TIMEOUTS_ALLOWED:
+                    self._dropped_rules.append(rule)
+                continue
             if found is None:
                 continue
             value, step = found
@@ -382,6 +399,8 @@ class OutputCapture:
             # `loss=nan` is what the rule non_finite is there to stop; the store and the live
             # view turn them into their own forms (the database keeps no NaN).
             points.append((rule.name, step, value))
+        if self._dropped_rules:
+            self.rules = [rule for rule in self.rules if rule not in self._dropped_rules]
         return points
 
     def stderr_tail(self, rank: int) -> list[str]:
