@@ -181,6 +181,25 @@ def test_metric_rules_take_a_step_group_or_count_matches(tmp_path):
         (0, "loss", 0, 0.5), (1, "loss", 0, 0.7), (0, "loss", 1, 0.25), (0, "acc", 40, 0.9), (1, "loss", 120, 0.1)]
 
 
+@pytest.mark.parametrize("pattern", [r"train_loss=([0-9.]+)", r"(?i)LOSS=(\S+)", r"step (?P<step>\d+) loss (?P<value>\S+)",
+                                     r"a|bc", r"x{2}yy(\d)", r"(?x) val \s loss = (\S+)", r"(?i:val) loss=(\S+)",
+                                     r"^\[epoch (\d+)\]", r"loss\b=(\d)", r"é=(\d)"])
+def test_the_required_literal_never_changes_what_matches(pattern):
+    import re
+
+    from jobs.patterns import compile_pattern, search
+
+    compiled = compile_pattern(pattern)
+    texts = ["train_loss=0.5", "Loss=3", "step 4 loss 0.1", "step 4 Loss 0.1", "bc", "a", "xxyy1", "yy1", "val loss=2",
+             "VAL loss=2", "val Loss=2", "[epoch 3]", " [epoch 3]", "loss=1", "lossy=1", "é=1", "e=1", ""]
+    for text in texts:
+        expected = re.search(pattern, text)
+        got = search(compiled, text)
+        assert (got is None) == (expected is None), (pattern, text, compiled.required)
+        if got is not None:
+            assert got.groups() == expected.groups()
+
+
 def test_a_regex_that_backtracks_without_end_is_dropped_and_never_freezes_the_agent(tmp_path):
     # (a|aa)+$ on 60 a's and a '!' backtracks for ages under Python's re, holding the GIL: the
     # node agent (heartbeats, every job's logs) would freeze. Here each try is cut off, the
