@@ -88,7 +88,8 @@ def test_the_python_client_runs_waits_and_reads_logs_and_metrics(running_studio,
 
 
 def test_jobs_list_show_logs_and_json(running_studio, cli):
-    submitted = cli("run", str(SCRIPTS / "failing" / "train.py"), "--name", "listed", "--json")
+    submitted = cli("run", str(SCRIPTS / "failing" / "train.py"), "--name", "listed", "--json",
+                    "--rule", '{"type": "stalled", "name": "quiet", "parameters": {"threshold_seconds": 600}}')
     assert submitted.returncode == 0, submitted.stderr
     job_id = json.loads(submitted.stdout)["id"]
     ended = cli("jobs", "logs", str(job_id), "-f")
@@ -98,5 +99,14 @@ def test_jobs_list_show_logs_and_json(running_studio, cli):
     assert [row["name"] for row in json.loads(listed.stdout)] == ["listed"]
     shown = cli("jobs", "show", str(job_id))
     assert "epochs must be positive, got -1" in shown.stdout and "Failed" in shown.stdout
+    # Its rules (the default non_finite and --rule's), with their states.
+    assert re.search(r"^non_finite +non_finite +\w+", shown.stdout, re.M), shown.stdout
+    assert re.search(r"^quiet +stalled +\w+", shown.stdout, re.M), shown.stdout
+    assert {r.name: r.type for r in TrainingJob.objects.get(pk=job_id).rules.all()} == {"non_finite": "non_finite",
+                                                                                      "quiet": "stalled"}
     logs = cli("jobs", "logs", str(job_id), "--json")
     assert [line["text"] for line in json.loads(logs.stdout)["lines"]] == ["checking the hyperparameters"]
+    alarms = cli("alarms")
+    assert alarms.returncode == 0 and "no rule is ALARM on a running job" in alarms.stdout, alarms.stdout + alarms.stderr
+    refused = cli("run", str(SCRIPTS / "failing" / "train.py"), "--rule", '{"type": "custom"}')
+    assert refused.returncode != 0 and "rules[0].parameters.metric" in refused.stderr, refused.stderr

@@ -112,3 +112,32 @@ def test_server_sent_events_are_parsed_with_their_ids_and_comments_skipped():
 
     assert [(e.kind, e.id, e.data) for e in events] == [("status", "1-0,0-0,0-0,0-0", {"status": "Training"}),
                                                         ("log", "1-0,2-0,0-0,0-0", "not json")]
+
+
+def test_rules_are_read_as_json_a_type_a_list_or_a_file(tmp_path):
+    from trainyard.client.cli import parse_rules
+
+    listed = tmp_path / "rules.json"
+    listed.write_text('[{"type": "overfit"}, {"type": "non_finite", "enabled": false}]')
+    one = '{"type": "stalled", "parameters": {"threshold_seconds": 600}, "actions": ["stop"]}'
+    assert parse_rules(()) is None
+    assert parse_rules((one, "overtraining", f"@{listed}")) == [
+        {"type": "stalled", "parameters": {"threshold_seconds": 600}, "actions": ["stop"]}, {"type": "overtraining"},
+        {"type": "overfit"}, {"type": "non_finite", "enabled": False}]
+    for bad, said in (("{not json", "not JSON"), ("two words", "give a rule as JSON"), ("@" + str(tmp_path / "none.json"),
+                                                                                        "cannot read")):
+        with pytest.raises(ClientError, match=said) as caught:
+            parse_rules((bad,))
+        assert caught.value.field == "rules"
+
+
+def test_a_job_a_rule_stopped_says_which_rule_and_what_it_saw():
+    from trainyard.client.follow import summary
+    from trainyard.client.studio import Job
+
+    data = {"id": 7, "status": "Stopped", "failure_reason": "", "stop_reason": "RuleTriggered", "stop_rule": "non_finite",
+            "rules": [{"name": "stalled", "state_reason": "ok"},
+                      {"name": "non_finite", "state_reason": "train_loss was NaN at step 12 (rank 0)"}]}
+    assert summary(Job(None, data)) == "job 7 Stopped: RuleTriggered (rule non_finite: train_loss was NaN at step 12 (rank 0))"  # type: ignore[arg-type]
+    assert summary(Job(None, {**data, "stop_rule": "", "stop_reason": "MaxRuntimeExceeded"})) == (  # type: ignore[arg-type]
+        "job 7 Stopped: MaxRuntimeExceeded")

@@ -152,6 +152,36 @@ def parse_environment(values: tuple[str, ...]) -> dict[str, str]:
     return environment
 
 
+def parse_rules(values: tuple[str, ...]) -> list[Any] | None:
+    """--rule: a rule as JSON ('{"type": "stalled", "parameters": {"threshold_seconds": 600}}'), a
+    JSON list of them, a bare type (stalled: its defaults), or @FILE holding either. The
+    studio checks each (a bad one is its 400 naming the field, rules[1].parameters.window)."""
+    if not values:
+        return None
+    rules: list[Any] = []
+    for raw in values:
+        text, where = raw, "--rule"
+        if raw.startswith("@"):
+            where = raw[1:]
+            try:
+                text = Path(where).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ClientError(f"cannot read {where}: {exc}", field="rules") from exc
+        stripped = text.strip()
+        if stripped[:1] in ("{", "["):
+            try:
+                value = json.loads(stripped)
+            except ValueError as exc:
+                raise ClientError(f"{where}: not JSON: {exc}", field="rules") from exc
+            rules.extend(value if isinstance(value, list) else [value])
+        elif stripped and not raw.startswith("@") and all(c.isalnum() or c == "_" for c in stripped):
+            rules.append({"type": stripped})
+        else:
+            raise ClientError(f"{raw!r}: give a rule as JSON, a JSON list, a rule type (stalled) or @FILE",
+                              field="rules")
+    return rules
+
+
 def pipeline_settings(stages: int | None, microbatches: int | None, schedule: str | None,
                       partition: str | None) -> dict[str, Any] | None:
     """The job's `pipeline` object from the --stages … flags (None when none is given)."""
@@ -188,6 +218,10 @@ def pipeline_settings(stages: int | None, microbatches: int | None, schedule: st
 @click.option("--retries", type=int, help="retries: attempts after a lost node.")
 @click.option("--checkpoint-every", "checkpoint_every_steps", type=int, help="checkpoint.every_steps.")
 @click.option("--keep-alive", "keep_alive_seconds", type=int, help="keep_alive_seconds: keep the nodes warm this long.")
+@click.option("--rule", "rules", multiple=True, metavar="JSON|TYPE|@FILE",
+              help='rules: a rule on the live metrics, e.g. \'{"type": "stalled", "parameters": {"threshold_seconds": 600}, '
+                   '"actions": ["stop"]}\', a type with its defaults (overfit), or @rules.json. Repeatable; '
+                   'non_finite is on unless one turns it off ({"type": "non_finite", "enabled": false}).')
 @click.option("--max-file-size", type=float, default=DEFAULT_MAX_FILE_BYTES / 2**20, show_default=True,
               help="Leave out (and say so) source files larger than this many MiB.")
 @click.option("--follow", "-f", is_flag=True, help="Show the job's progress until it ends; exit with its outcome.")
@@ -196,8 +230,8 @@ def run(script: Path, source_dir: Path | None, project: str | None, name: str | 
         instance_count: int, processes_per_node: int | None, distribution: str, stages: int | None,
         microbatches: int | None, schedule: str | None, partition: str | None, hyperparameters: tuple[str, ...],
         inputs: tuple[str, ...], environment: tuple[str, ...], tags: tuple[str, ...], max_runtime_seconds: int | None,
-        retries: int | None, checkpoint_every_steps: int | None, keep_alive_seconds: int | None, max_file_size: float,
-        follow: bool, as_json: bool) -> None:
+        retries: int | None, checkpoint_every_steps: int | None, keep_alive_seconds: int | None,
+        rules: tuple[str, ...], max_file_size: float, follow: bool, as_json: bool) -> None:
     """Pack SCRIPT's folder, upload it and submit SCRIPT as a training job."""
     hps = dict(parse_hyperparameter(raw) for raw in hyperparameters)
     fields: dict[str, Any] = {"environment": parse_environment(environment), "tags": list(tags)}
@@ -209,6 +243,8 @@ def run(script: Path, source_dir: Path | None, project: str | None, name: str | 
         fields["retries"] = retries
     if checkpoint_every_steps is not None:
         fields["checkpoint"] = {"every_steps": checkpoint_every_steps}
+    if (parsed_rules := parse_rules(rules)) is not None:
+        fields["rules"] = parsed_rules
     studio = studio_from(project)
     job = studio.run(script, source_dir, name=name, instance_type=instance_type, instance_count=instance_count,
                      processes_per_node=processes_per_node, distribution=parse_distribution(distribution),
@@ -298,10 +334,51 @@ def jobs_show(job_id: int, as_json: bool) -> None:
              ("resources", ", ".join(f"{k}={v}" for k, v in resources.items() if v is not None)),
              ("hyperparameters", json.dumps(data.get("hyperparameters") or {})),
              ("failure_reason", data.get("failure_reason")), ("stop_reason", data.get("stop_reason")),
+             ("stop_rule", data.get("stop_rule")),
              ("waiting_reason", data.get("waiting_reason")), ("final_metrics", json.dumps(data.get("final_metrics") or {})),
-             ("model_uri", data.get("model_uri"))]
+             ("model_uri", data.get("model_uri")), ("cost", cost_text(data)),
+             ("billable_time_seconds", data.get("billable_time_seconds")),
+             ("training_time_seconds", data.get("training_time_seconds"))]
     out.print(table(["job", str(job.id)], [[k, v] for k, v in facts if v not in (None, "")]))
     out.print(table(["at", "status", "message"], [[e["at"], e["status"], e["message"]] for e in data.get("timeline") or []]))
+    if data.get("rules"):
+        out.print(table(["rule", "type", "state", "reason"],
+                        [[r["name"], r["type"], r["state"] if r.get("enabled", True) else "off", r.get("state_reason")]
+                         for r in data["rules"]]))
+
+
+def job_label(job: Any) -> str:
+    return f"{job.get('id')} {job.get('name', '')} ({job.get('status', '')})" if isinstance(job, dict) else str(job or "")
+
+
+def cost_text(data: dict[str, Any]) -> str | None:
+    """"0.35 USD", with the projection while it runs ("0.35 USD, projected 2.10")."""
+    cost = data.get("cost")
+    if cost in (None, ""):
+        return None
+    text = f"{cost} {data.get('currency') or ''}".strip()
+    projected = data.get("projected_cost")
+    return text + (f", projected {projected}" if projected not in (None, "") else "")
+
+
+@cli.command()
+@click.option("--project", help="Only this project's.")
+@click.option("--state", help="OK, ALARM or INSUFFICIENT_DATA (default: ALARM).")
+@click.option("--finished", is_flag=True, help="Include finished jobs' rules.")
+@json_option
+def alarms(project: str | None, state: str | None, finished: bool, as_json: bool) -> None:
+    """The rules firing (in ALARM) on running jobs in the projects you can read."""
+    rows = studio_from().alarms(project=project, state=state, finished="true" if finished else None)
+    if as_json:
+        print_json(rows)
+        return
+    if not rows:
+        out.print("no rule is " + (state or "ALARM") + (" on a running job" if not finished else ""), highlight=False)
+        return
+    out.print(table(["job", "rule", "type", "state", "since", "reason"],
+                    [[job_label(r.get("job")), r["name"], r["type"], r["state"], r.get("state_changed_at"),
+                      r.get("state_reason")]
+                     for r in rows]))
 
 
 @jobs.command("logs")

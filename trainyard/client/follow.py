@@ -178,4 +178,8 @@ def summary(job: Job) -> str:
         model = job.data.get("model_uri") or ""
         return f"job {job.id} Completed" + (f"; final metrics: {metrics}" if metrics else "") + (f"; model: {model}" if model else "")
     reason = job.failure_reason or job.data.get("stop_reason") or "no reason recorded"
+    rule = job.data.get("stop_rule")
+    if rule:  # RuleTriggered: which rule, and what it saw
+        said = next((r.get("state_reason") for r in job.data.get("rules") or [] if r.get("name") == rule), "")
+        reason += f" (rule {rule}" + (f": {said}" if said else "") + ")"
     return f"job {job.id} {job.status}: {reason}"

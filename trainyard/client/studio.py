@@ -154,6 +154,10 @@ class Studio:
     def jobs(self, **filters: Any) -> list[dict[str, Any]]:
         return list(self.http.pages("/jobs/", **filters))
 
+    def alarms(self, **filters: Any) -> list[dict[str, Any]]:
+        """Rules in ALARM on running jobs you can read (`project`, `state`, `finished="true"`)."""
+        return list(self.http.pages("/alarms/", **{k: v for k, v in filters.items() if v is not None}))
+
     # --- datasets ---------------------------------------------------------------------------
     def datasets(self, project: str | None = None, search: str | None = None) -> list[dict[str, Any]]:
         return list(self.http.pages("/datasets/", project=project, search=search))
@@ -276,6 +280,18 @@ class Job:
     def stop(self) -> Job:
         self.data = self.studio.http.post(f"/jobs/{self.id}/stop/")
         return self
+
+    def rules(self) -> list[dict[str, Any]]:
+        """The job's rules with their states (name, type, parameters, actions, state, state_reason …)."""
+        return list(self.studio.http.pages(f"/jobs/{self.id}/rules/"))
+
+    def add_rule(self, rule: dict[str, Any]) -> dict[str, Any]:
+        """Add a rule to a pending or running job (checked by the studio: a 400 names the field)."""
+        return self.studio.http.post(f"/jobs/{self.id}/rules/", rule)
+
+    def alarm_transitions(self) -> list[dict[str, Any]]:
+        """Every state change of the job's rules, oldest first, with the values that caused it."""
+        return list(self.studio.http.pages(f"/jobs/{self.id}/alarm-transitions/"))
 
     def logs(self, rank: int | str = 0, tail: int | None = None) -> list[str]:
         """The log lines of `rank` (every page), or its last `tail` lines."""
