@@ -180,6 +180,9 @@ class JobLogsView(APIView):
             OpenApiParameter("cursor", str, description="next_cursor of the previous page: a byte offset (file) or a stream id."),
             OpenApiParameter("limit", int, description=f"Lines per page (default {log_pages.DEFAULT_LINES}, max {log_pages.MAX_LINES})."),
             OpenApiParameter("tail", int, description="The last N lines instead of a page from the cursor."),
+            OpenApiParameter("until", str, description="With tail: the last N lines of the live stream at or before this "
+                             "stream id (a live view's starting point: its history and its live lines then meet exactly); "
+                             "the file's when the stream has none of them."),
         ],
         responses=OpenApiTypes.OBJECT,
     )
@@ -193,6 +196,14 @@ class JobLogsView(APIView):
             cursor = log_pages.parse_cursor(request.query_params.get("cursor"))
         except ValueError:
             raise ApiError("cursor must be the next_cursor of a previous page.", fields={"cursor": ["Not a log cursor."]}) from None
+        until = request.query_params.get("until")
+        if until is not None:
+            if tail is None or not log_pages.STREAM_ID.fullmatch(until):
+                raise ApiError("until takes a stream id (1700000000000-0) and needs tail.",
+                               fields={"until": ["A stream id, with tail."]})
+            page = log_pages.read_stream_page(redis_client(), job, rank, "0-0", limit, tail=tail, until=until)
+            if page.lines or rank is None:
+                return Response({"job": job.pk, "rank": "all" if rank is None else rank, **page.as_dict()})
         page = None
         if rank is not None and (cursor is None or cursor[0] == "bytes"):
             try:

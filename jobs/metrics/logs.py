@@ -145,16 +145,18 @@ def _stream_line(entry_id: bytes, fields: dict[bytes, bytes]) -> dict[str, Any]:
 
 
 def read_stream_page(redis: Any, job: TrainingJob, rank: int | None, after: str, limit: int,
-                     tail: int | None = None) -> LogPage:
-    """Lines from LOGS_STREAM after stream id `after` (or the newest `tail` lines), of one
-    rank or all (rank None). The stream is capped, so this is the recent past only."""
+                     tail: int | None = None, until: str | None = None) -> LogPage:
+    """Lines from LOGS_STREAM after stream id `after` (or the newest `tail` lines, at or
+    before stream id `until` when given: where a live view's stream starts, so history and
+    live lines meet without a gap or a repeat), of one rank or all (rank None). The stream
+    is capped, so this is the recent past only."""
     stream = key(LOGS_STREAM, job.pk)
     lines: list[dict[str, Any]] = []
     last = after
     if tail is not None:
         scanned = 0
         newest: bytes | None = None
-        end = "+"
+        end = until or "+"
         while len(lines) < tail and scanned < STREAM_SCAN_ENTRIES:
             entries = redis.xrevrange(stream, max=end, min="-", count=min(1000, STREAM_SCAN_ENTRIES - scanned))
             if not entries:

@@ -110,6 +110,14 @@ def test_submit_watch_the_loss_grow_live_and_stop(live_server, node_worker, node
     steps = page.evaluate("() => document.querySelector('.chart[data-metric=\"train_loss\"]').data[0].x")
     assert steps == sorted(set(steps))  # history and live joined without repeats…
     assert max(b - a for a, b in zip(steps, steps[1:], strict=False)) <= 2, steps  # …and without a gap (log_every_steps=2)
+    # The log too: its history (read up to where the page's stream starts, not from the
+    # file, which lags) and its live lines meet without a repeat or a gap.
+    log_steps = "() => [...document.querySelectorAll('#log .log-line')].map(l => (l.textContent.match(/step=(\\d+) train_loss=/) || [])[1]).filter(Boolean).map(Number)"
+    shown = len(page.evaluate(log_steps))
+    page.wait_for_function(f"() => ({log_steps})().length > {shown} + 2", timeout=60_000)
+    logged = page.evaluate(log_steps)
+    assert logged == sorted(set(logged)), logged
+    assert max(b - a for a, b in zip(logged, logged[1:], strict=False)) <= 2, logged
     page.screenshot(path=str(SCREENSHOTS / "trainyard-job-running.png"), full_page=True)
 
     page.once("dialog", lambda dialog: dialog.accept())

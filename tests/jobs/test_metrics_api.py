@@ -193,6 +193,31 @@ def test_logs_come_from_the_live_stream_before_the_first_upload(job, owner, clie
     assert [line["text"] for line in everyone["lines"]] == ["world", "late"]
 
 
+def test_a_live_views_history_ends_where_its_stream_starts_even_when_the_file_lags(job, owner, client_for):
+    # The job page starts its live stream at the log stream's newest id and reads the
+    # history up to it: the stored file (synced every few seconds) holds only "a", the
+    # stream "a".."c" then "d" after the page's start — no gap ("b", "c") and no repeat ("d").
+    write_log(job, 0, "a\n")
+    stream = key(LOGS_STREAM, job.pk)
+    ids = [metrics_redis().xadd(stream, {"r": 0, "t": f"17000000{i:02d}.000", "s": "out", "l": text}).decode()
+           for i, text in enumerate("abc")]
+    metrics_redis().xadd(stream, {"r": 1, "t": "1700000003.000", "s": "out", "l": "other rank"})
+    metrics_redis().xadd(stream, {"r": 0, "t": "1700000004.000", "s": "out", "l": "d"})
+    url = f"/api/v1/jobs/{job.pk}/logs/"
+    client = client_for(owner)
+
+    body = client.get(url, {"rank": 0, "tail": 100, "until": ids[-1]}).json()
+    assert [line["text"] for line in body["lines"]] == ["a", "b", "c"] and body["source"] == "stream"
+    assert all("time" in line for line in body["lines"])
+    assert [line["text"] for line in client.get(url, {"rank": 0, "tail": 2, "until": ids[-1]}).json()["lines"]] == ["b", "c"]
+    # Nothing of that rank in the stream (expired): the file's tail.
+    assert [line["text"] for line in client.get(url, {"rank": 5, "tail": 10, "until": ids[-1]}).json()["lines"]] == []
+    assert client.get(url, {"rank": 0, "tail": 10, "until": "0-1"}).json()["lines"] == [{"rank": 0, "text": "a"}]
+    for bad in ({"rank": 0, "until": ids[-1]}, {"rank": 0, "tail": 5, "until": "../x"}):
+        response = client.get(url, bad)
+        assert response.status_code == 400 and "until" in response.json()["error"]["fields"], response.json()
+
+
 def test_bad_log_cursor_is_a_field_error(job, owner, client_for):
     response = client_for(owner).get(f"/api/v1/jobs/{job.pk}/logs/", {"cursor": "../etc"})
     assert response.status_code == 400 and "cursor" in response.json()["error"]["fields"]
