@@ -1,6 +1,7 @@
 """The Alarms page: every rule in ALARM across the projects the viewer reads (the project
 switcher narrows it), newest first, with what fired and when; `?state=` shows the rules in
-another state (OK, INSUFFICIENT_DATA) and `?all=1` includes finished jobs."""
+another state (OK, INSUFFICIENT_DATA) and `?finished=true` (as the API; `?all=1` too) includes
+finished jobs. A bad value is a 400 that says so above the list (shown for the defaults)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,16 @@ SHOWN = 200
 
 @page
 def alarms(request: HttpRequest) -> HttpResponse:
+    errors: dict[str, str] = {}
     state = request.GET.get("state") or RuleState.ALARM
     if state not in RuleState.values:
+        errors["state"] = f"Unknown state {state[:50]!r}: use one of {', '.join(RuleState.values)}."
         state = RuleState.ALARM
-    include_finished = request.GET.get("all") == "1"
+    # ?finished=true as the API takes it (?all=1: the page's older links).
+    finished = (request.GET.get("finished") or "").lower()
+    if finished not in ("", "true", "false", "1", "0"):
+        errors["finished"] = f"finished is true or false, not {finished[:50]!r}."
+    include_finished = finished in ("true", "1") or request.GET.get("all") == "1"
     project = current_project(request)
     projects = Project.objects.readable_by(request.user)
     rules = JobRule.objects.filter(job__project__in=projects, state=state, enabled=True)
@@ -42,4 +49,5 @@ def alarms(request: HttpRequest) -> HttpResponse:
         "states": RuleState.values,
         "include_finished": include_finished,
         "project": project,
-    })
+        "errors": errors,
+    }, status=400 if errors else 200)

@@ -1,5 +1,6 @@
 """The job page's rule forms: add a rule, switch one on or off, delete one. Each posts back
-to the job page, with the outcome (or the bad field, named) as a message."""
+to the job page with the outcome as a message; a refused rule brings the form back open,
+with what was typed and the error beside its field (kept in the session for one page)."""
 
 from __future__ import annotations
 
@@ -18,28 +19,46 @@ from jobs.rules.store import RuleConflict, add_rule, delete_rule, update_rule
 from studio.views import page
 
 
-def _back(pk: int) -> HttpResponse:
-    return redirect(reverse("job-detail", args=[pk]) + "#rules-panel")
+def _back(pk: int, anchor: str = "rules-panel") -> HttpResponse:
+    return redirect(reverse("job-detail", args=[pk]) + "#" + anchor)
+
+
+def form_key(pk: int) -> str:
+    """The session key of a refused Add-a-rule form (jobs.templatetags.job_rules shows it again)."""
+    return f"rule-add:{pk}"
+
+
+# The form's fields by the first part of a RuleError's path; the rest go above the form.
+FORM_FIELDS = {"type": "type", "name": "name", "parameters": "parameters", "actions": "actions"}
+
+
+def _refused(request: HttpRequest, pk: int, values: dict, field: str | None, message: str) -> HttpResponse:
+    """Back to the form, open, with what was typed and the error beside its field."""
+    head = (field or "").split(".", 1)[0].split("[", 1)[0]
+    request.session[form_key(pk)] = {"values": values, "field": FORM_FIELDS.get(head, ""),
+                                     "message": f"{field}: {message}" if field else message}
+    return _back(pk, "rule-add")
 
 
 @page
 @require_POST
 def rule_add(request: HttpRequest, pk: int) -> HttpResponse:
     job = get_job_for_user(request.user, pk, write=True)
-    raw_parameters = (request.POST.get("parameters") or "").strip() or "{}"
+    values = {"type": request.POST.get("type", ""), "name": request.POST.get("name") or "",
+              "parameters": request.POST.get("parameters") or "", "actions": request.POST.getlist("actions")}
+    raw_parameters = values["parameters"].strip() or "{}"
     try:
         parameters = json.loads(raw_parameters)
     except ValueError as exc:
-        messages.error(request, f"Rule not added: parameters must be a JSON object ({exc}).")
-        return _back(pk)
-    spec: dict = {"type": request.POST.get("type", ""), "parameters": parameters,
-                  "actions": [a for a in request.POST.getlist("actions") if a in ACTION_TYPES]}
-    if name := (request.POST.get("name") or "").strip():
+        return _refused(request, pk, values, "parameters", f"must be a JSON object ({exc}).")
+    spec: dict = {"type": values["type"], "parameters": parameters,
+                  "actions": [a for a in values["actions"] if a in ACTION_TYPES]}
+    if name := values["name"].strip():
         spec["name"] = name
     try:
         rule = add_rule(job.pk, spec, job_finished=job.is_finished(), project_id=job.project_id)
     except RuleError as exc:
-        messages.error(request, f"Rule not added: {exc.field}: {exc.message}" if exc.field else f"Rule not added: {exc.message}")
+        return _refused(request, pk, values, exc.field, exc.message)
     except RuleConflict as exc:
         messages.error(request, str(exc))
     else:

@@ -57,8 +57,12 @@ def job_rules_panel(context: template.Context, job: TrainingJob) -> SafeString:
         for t in reversed(transitions) if t.to_state == RuleState.ALARM or t.from_state == RuleState.ALARM]
     rows = [{"rule": r, "badge": STATE_BADGES.get(r.state, "grey"), "actions": action_words(r.actions)} for r in rules]
     request = context.get("request")
+    refused = None
+    session = getattr(request, "session", None)
+    if session is not None and f"rule-add:{job.pk}" in session:  # jobs.views_rules.form_key
+        refused = session.pop(f"rule-add:{job.pk}")
     return mark_safe(render_to_string("jobs/_rules.html", {  # noqa: S308 - the template escapes every value
-        "job": job, "rows": rows, "transitions": transitions, "marks": marks,
+        "job": job, "rows": rows, "transitions": transitions, "marks": marks, "refused": refused,
         "firing": sum(1 for r in rules if r.state == RuleState.ALARM and r.enabled),
         "can_edit": bool(context.get("can_write")) and not job.is_finished(),
         "types": [(t, DEFAULTS_SHOWN.get(t, "")) for t in RULE_TYPES]}, request=request))

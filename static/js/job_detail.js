@@ -312,10 +312,17 @@
 
   function lineKey(line) { return line.rank + "|" + line.time + "|" + line.text; }
 
+  // Where the live log lines the page has taken end (a Redis stream id): the history is
+  // read up to it, so the two meet without a gap or a repeat (the stored file lags the
+  // stream by a few seconds). Null once the job has ended, or when Redis could not be asked.
+  var logPosition = live.stream_after ? live.stream_after.split(",")[2] || null : null;
+
   function logQuery() {
-    // One rank: its file in the object store (complete). All ranks: the live stream's recent lines.
+    // A running job: the live stream's recent lines up to logPosition. Ended: one rank's file
+    // in the object store (complete); all ranks: the live stream's recent lines.
     var rank = rankSelect ? rankSelect.value : "0";
-    return "?tail=" + MAX_LOG_LINES + "&rank=" + (rank === "" ? "all" : rank);
+    var query = "?tail=" + MAX_LOG_LINES + "&rank=" + (rank === "" ? "all" : rank);
+    return logPosition && !live.finished ? query + "&until=" + encodeURIComponent(logPosition) : query;
   }
 
   function loadLogs() {
@@ -342,7 +349,9 @@
     });
   }
 
-  function onLogEvent(payload) {
+  function onLogEvent(payload, eventId) {
+    var position = (eventId || "").split(",")[2];
+    if (position) logPosition = position;
     var line = { rank: payload.rank, time: payload.time, text: payload.line, stream: payload.stream };
     if (!logsLoaded) { earlyLines.push(line); return; }
     if (showsRank(line.rank) && !seenLines[lineKey(line)]) appendLines([line]);
@@ -383,9 +392,11 @@
           ? "This job failed before it reported a metric; its log below says why."
           : "This job reported no metrics.";
       }
-      // The partition's measured times (or FSDP's report) may be stored just after the
-      // final status: look once more a little later.
-      if (live.expects_report) window.setTimeout(refreshRegions, 3000);
+      // The rule watcher's last transitions (a rule clearing, "never got data") and the
+      // partition's measured times (or FSDP's report) are stored just after the final
+      // status: look again a little later, twice.
+      window.setTimeout(refreshRegions, 2500);
+      window.setTimeout(refreshRegions, 7000);
     }
   }
 
@@ -405,7 +416,7 @@
       var payload = JSON.parse(event.data);
       if (historyLoaded) applyMetricEvent(payload); else early.push(payload);
     });
-    stream.addEventListener("log", function (event) { onLogEvent(JSON.parse(event.data)); });
+    stream.addEventListener("log", function (event) { onLogEvent(JSON.parse(event.data), event.lastEventId); });
     stream.addEventListener("system", function (event) { addSample(JSON.parse(event.data)); });
     stream.addEventListener("status", function (event) { onStatus(JSON.parse(event.data)); });
     // EventSource gives up for good on an HTTP error (a proxy refusing streams, say): fall

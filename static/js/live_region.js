@@ -20,7 +20,8 @@
   }
 
   // A function that re-reads pageUrl and swaps each [data-live-region] for the fresh one of
-  // the same id (the server renders them the one way it always does), then calls after().
+  // the same id (the server renders them the one way it always does), then calls after();
+  // inside a region, an element marked [data-live-keep] with an id is kept as it is.
   // A refresh asked for while a read is in flight gets a read of its own once that one is
   // done: the read in flight may predate what asked (Starting → Training within one read).
   function regionRefresher(pageUrl, after) {
@@ -35,10 +36,20 @@
         .then(function (response) { return response.text(); })
         .then(function (html) {
           var fresh = new DOMParser().parseFromString(html, "text/html");
+          var active = document.activeElement;
           document.querySelectorAll("[data-live-region]").forEach(function (region) {
             var replacement = fresh.getElementById(region.id);
-            if (replacement) region.replaceWith(document.adoptNode(replacement));
+            if (!replacement) return;
+            // A [data-live-keep] element (a form being filled in) stays as the user left it:
+            // open, typed into, focused — the fresh copy of it is dropped.
+            region.querySelectorAll("[data-live-keep][id]").forEach(function (kept) {
+              var stale = replacement.querySelector("#" + CSS.escape(kept.id));
+              if (stale) stale.replaceWith(kept);
+            });
+            region.replaceWith(document.adoptNode(replacement));
           });
+          // A kept field that had the focus gets it back (moving it took it away).
+          if (active && active !== document.activeElement && document.contains(active)) active.focus();
           if (after) after();
         })
         .catch(function () { /* the next change tries again */ })

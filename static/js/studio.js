@@ -69,7 +69,7 @@
 
   document.addEventListener("change", function (event) {
     var el = event.target;
-    if (el.matches && el.matches("select[data-autosubmit]") && el.form) el.form.submit();
+    if (el.matches && el.matches("select[data-autosubmit], input[type=checkbox][data-autosubmit]") && el.form) el.form.submit();
   });
 
   document.addEventListener("DOMContentLoaded", function () {

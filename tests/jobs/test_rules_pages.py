@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from django.utils import timezone
 
 from jobs.models import AlarmTransition, JobRule, JobStatus, RuleState
@@ -45,7 +47,9 @@ def test_the_alarms_page_lists_what_is_firing_in_readable_projects_only(client, 
     assert "&lt;script&gt;" in html and "<script>alert(1)" not in html
     ok = client.get("/alarms/?state=OK").content.decode()
     assert 'data-rule="calm"' in ok and 'data-rule="hot"' not in ok
-    assert client.get("/alarms/?state=<bad>").status_code == 200
+    bad = client.get("/alarms/?state=<bad>")  # a 400 that says so, listing the defaults below it, escaped
+    assert bad.status_code == 400 and "Unknown state &#x27;&lt;bad&gt;&#x27;" in bad.content.decode()
+    assert 'data-rule="hot"' in bad.content.decode()
     client.force_login(outsider)
     assert 'data-rule="secret-rule"' in client.get("/alarms/").content.decode()
 
@@ -71,9 +75,15 @@ def test_a_scientist_adds_switches_and_deletes_a_rule_on_the_job_page(client, te
     assert "Rule stalled added" in response.content.decode()
     bad = client.post(f"/jobs/{job.pk}/rules/add/", {"type": "custom", "parameters": '{"metric": "loss", "window": 0}'},
                       follow=True).content.decode()
-    assert "Rule not added: parameters." in bad
-    assert "parameters must be a JSON object" in client.post(
-        f"/jobs/{job.pk}/rules/add/", {"type": "stalled", "parameters": "{oops"}, follow=True).content.decode()
+    # Back to the form, open, with what was typed and the error beside the parameters.
+    assert '<details class="rule-form" id="rule-add" data-live-keep open>' in bad
+    assert re.search(r'id="rule-parameters"[^>]*aria-invalid="true"[^>]*>\{&quot;metric&quot;: &quot;loss&quot;, '
+                     r'&quot;window&quot;: 0\}</textarea>\s*<p class="field-error" role="alert" id="rule-add-error">'
+                     r'parameters.window: ', bad), bad[bad.find('id="rule-add"'):][:3000]
+    assert 'selected>custom</option>' in bad
+    oops = client.post(f"/jobs/{job.pk}/rules/add/", {"type": "stalled", "parameters": "{oops"}, follow=True).content.decode()
+    assert "parameters: must be a JSON object" in oops
+    assert 'id="rule-add-error"' not in client.get(f"/jobs/{job.pk}/").content.decode()  # shown once
     client.post(f"/jobs/{job.pk}/rules/{rule.pk}/toggle/")
     rule.refresh_from_db()
     assert rule.enabled is False
