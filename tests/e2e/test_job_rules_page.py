@@ -1,0 +1,179 @@
+"""The job page's rules and the Alarms and Nodes pages in chromium, as a new user found them:
+
+- the rule watcher's last transitions, written just after the final status, reach a page
+  that watched the job end (it looks again), without a reload;
+- a rule the Add-a-rule form refuses comes back open, with what was typed and the error
+  beside its field, in view; the form keeps its input through the panel's live refreshes;
+- the Alarms page's "include finished jobs" box applies at once, like the state menu;
+- a 100-character rule name, the cost table and a node's long version string fit the page
+  at 1360 px: nothing scrolls sideways.
+
+The job's stream is played by the test (the stand-in EventSource of test_live_charts)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.utils import timezone
+
+from jobs.models import JobAttempt, JobRule, JobStatus, Node, RuleState, TrainingJob
+from tests.e2e.conftest import SCREENSHOTS
+from tests.e2e.test_job_pages import sign_in
+from tests.e2e.test_live_charts import FAKE_STREAM_JS
+from tests.factories import make_job
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+LONG_NAME = "n" * 100
+
+
+def running_job(project, user, **fields) -> TrainingJob:
+    now = timezone.now()
+    return make_job(project, name=fields.pop("name", "watched"), algorithm="tabular-classifier",
+                    hyperparameters={"epochs": 1}, created_by=user, status=JobStatus.TRAINING, attempt=1,
+                    resources={"instance_type": "cpu", "instance_count": 1, "processes_per_node": 1},
+                    started_at=now - timedelta(seconds=30), training_started_at=now - timedelta(seconds=20), **fields)
+
+
+def rule(job: TrainingJob, name: str, state: str, reason: str, **fields) -> JobRule:
+    return JobRule.objects.create(job=job, name=name, type=fields.pop("type", "stalled"),
+                                  parameters=fields.pop("parameters", {"threshold_seconds": 10}),
+                                  actions=[{"type": "tag", "tag": f"alarm:{name}"}], state=state, state_reason=reason,
+                                  state_changed_at=timezone.now(), **fields)
+
+
+def no_sideways_scroll(page) -> None:
+    widths = page.evaluate("() => [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+    # The elements that reach past the window, innermost first, to say what is too wide.
+    past = page.evaluate("""() => [...document.querySelectorAll('body *')]
+        .filter(e => e.getBoundingClientRect().right > document.documentElement.clientWidth + 1)
+        .filter(e => ![...e.children].some(c => c.getBoundingClientRect().right > document.documentElement.clientWidth + 1))
+        .slice(0, 5).map(e => e.tagName + (e.id ? '#' + e.id : '') + '.' + e.className + ' ' + Math.round(e.getBoundingClientRect().right))""")
+    assert widths[0] <= widths[1], f"{page.url}: {widths[0]} px wide in a {widths[1]} px window: {past}"
+
+
+def test_the_watchers_last_transitions_reach_a_page_that_saw_the_job_end(live_server, scientist, project,
+                                                                        browser_page):
+    page = browser_page
+    page.add_init_script(FAKE_STREAM_JS)
+    job = running_job(project, scientist)
+    stalled = rule(job, "stalled", RuleState.ALARM, "no metric point or log line for 12 s (limit 10 s)")
+    sign_in(page, live_server.url)
+    page.goto(f"{live_server.url}/jobs/{job.pk}/")
+    page.wait_for_function("() => window.__source !== undefined")
+    assert page.locator("#rules-panel [data-rule='stalled']").get_attribute("data-state") == "ALARM"
+
+    # The job ends; 0.3 s later (as the watcher does, on its next cycle) the rule clears.
+    TrainingJob.objects.filter(pk=job.pk).update(status=JobStatus.COMPLETED, finished_at=timezone.now())
+
+    def watcher_cycle() -> None:
+        time.sleep(0.3)
+        JobRule.objects.filter(pk=stalled.pk).update(state=RuleState.OK, state_reason="a metric point or log line arrived",
+                                                     state_changed_at=timezone.now())
+
+    late = threading.Thread(target=watcher_cycle)
+    late.start()
+    page.evaluate("() => window.__emit('status', {status: 'Completed', final: true, message: 'Completed'})")
+    late.join()
+    page.wait_for_function("() => document.querySelector(\"#rules-panel [data-rule='stalled']\").dataset.state === 'OK'",
+                           timeout=15_000)
+    assert "in alarm" not in page.locator("#rules-panel").inner_text()
+    assert not page.console_errors, page.console_errors
+
+
+def test_a_refused_rule_comes_back_open_with_its_input_and_the_error_beside_the_field(live_server, scientist, project,
+                                                                                     browser_page):
+    page = browser_page
+    page.add_init_script(FAKE_STREAM_JS)
+    job = running_job(project, scientist)
+    sign_in(page, live_server.url)
+    page.goto(f"{live_server.url}/jobs/{job.pk}/")
+    page.locator("#rule-add summary").click()
+    page.select_option("#rule-type", "custom")
+    page.fill("#rule-name", "val-high")
+    typed = '{"metric": "train_loss", "window": 0, "threshold": 1}'
+    page.fill("#rule-parameters", typed)
+    page.check("#rule-add input[value='tag']")
+    page.click("#rule-add button[type=submit]")
+
+    error = page.locator("#rule-add .field-error")
+    error.wait_for()
+    assert "parameters.window" in error.inner_text(), error.inner_text()
+    assert page.locator("#rule-add").get_attribute("open") is not None
+    assert page.input_value("#rule-parameters") == typed and page.input_value("#rule-name") == "val-high"
+    assert page.input_value("#rule-type") == "custom" and page.is_checked("#rule-add input[value='tag']")
+    # In view: the browser went to the form, not to the top of the page where messages are.
+    assert page.evaluate("() => { const r = document.querySelector('#rule-add .field-error').getBoundingClientRect();"
+                         " return r.top >= 0 && r.bottom <= window.innerHeight; }")
+    assert not JobRule.objects.filter(job=job).exists()
+
+    # A rule's transition refreshes the panel while the user fixes the parameters: what they
+    # typed, and the focus, stay.
+    page.fill("#rule-parameters", '{"metric": "train_loss", "window": 2')
+    rule(job, "stalled", RuleState.ALARM, "quiet")
+    page.evaluate("() => window.__emit('status', {status: 'Training', message: 'rule stalled: ALARM: quiet'})")
+    page.locator("#rules-panel [data-rule='stalled']").wait_for()
+    assert page.input_value("#rule-parameters") == '{"metric": "train_loss", "window": 2'
+    assert page.evaluate("() => document.activeElement && document.activeElement.id") == "rule-parameters"
+
+    page.fill("#rule-parameters", '{"metric": "train_loss", "window": 2, "threshold": 1}')
+    page.click("#rule-add button[type=submit]")
+    page.locator("#rules-panel [data-rule='val-high']").wait_for()
+    assert JobRule.objects.get(job=job, name="val-high").parameters["window"] == 2
+    assert page.locator("#rule-add .field-error").count() == 0
+
+
+def test_the_alarms_pages_finished_box_applies_at_once(live_server, scientist, project, browser_page):
+    page = browser_page
+    done = running_job(project, scientist, name="ended")
+    TrainingJob.objects.filter(pk=done.pk).update(status=JobStatus.COMPLETED, finished_at=timezone.now())
+    rule(done, "stalled", RuleState.ALARM, "quiet for 20 s")
+    sign_in(page, live_server.url)
+    page.goto(f"{live_server.url}/alarms/")
+    assert page.locator("#alarms-table").count() == 0
+    page.check("input[name=finished]")
+    page.wait_for_url("**/alarms/?*finished=true*")
+    page.locator("#alarms-table [data-rule='stalled']").wait_for()
+    assert page.is_checked("input[name=finished]")
+
+    response = page.goto(f"{live_server.url}/alarms/?state=bogus")
+    assert response is not None and response.status == 400
+    assert "Unknown state 'bogus'" in page.locator("[data-field=state]").inner_text()
+
+
+def test_long_names_the_cost_table_and_node_versions_fit_the_page(live_server, scientist, project, browser_page):
+    page = browser_page
+    page.add_init_script(FAKE_STREAM_JS)
+    job = running_job(project, scientist, name="j" * 60)
+    rule(job, LONG_NAME, RuleState.ALARM, "x" * 300, type="custom",
+         parameters={"metric": "m" * 150, "threshold": 1, "comparison": ">"})
+    JobAttempt.objects.create(job=job, attempt=1, node_rank=0, billable_seconds=4321.5, training_seconds=4000.0,
+                              price_per_hour=Decimal("36.5"), currency="USD", cost=Decimal("43.815"),
+                              finished_at=timezone.now())
+    Node.objects.create(name="node-with-a-long-name-" + "x" * 40, hostname="host-" + "h" * 60, queue="node.cpu.x",
+                        version="trainyard 0.9.0+" + "g" * 45, cpus=16, memory_bytes=64 * 2**30)
+    sign_in(page, live_server.url)
+
+    page.goto(f"{live_server.url}/jobs/{job.pk}/")
+    page.locator("#rules-panel [data-rule]").first.wait_for()
+    no_sideways_scroll(page)
+    table = page.evaluate("() => { const t = document.getElementById('rules-table');"
+                          " return [t.getBoundingClientRect().right, t.closest('.panel').getBoundingClientRect().right]; }")
+    assert table[0] <= table[1] + 1, f"the rules table ends at {table[0]} px, its panel at {table[1]} px"
+    cost = page.evaluate("() => { const t = document.getElementById('cost-attempts');"
+                         " return [t.scrollWidth, t.parentElement.clientWidth]; }")
+    assert cost[0] <= cost[1], f"the cost table is {cost[0]} px in {cost[1]} px"
+    assert page.locator("#cost-attempts th", has_text="Cost").is_visible()
+    page.screenshot(path=str(SCREENSHOTS / "trainyard-job-long-names.png"), full_page=True)
+
+    for path in ("/alarms/?finished=true", "/nodes/"):
+        page.goto(live_server.url + path)
+        no_sideways_scroll(page)
+        for table in page.locator(".table-wide > table").all():  # nor inside their own scroller
+            assert table.evaluate("t => t.parentElement.scrollWidth <= t.parentElement.clientWidth"), (path, table.evaluate("t => [t.scrollWidth, t.offsetWidth, t.parentElement.scrollWidth, t.parentElement.clientWidth]"))
+        page.screenshot(path=str(SCREENSHOTS / f"trainyard-{path.strip('/').split('/')[0]}-long-names.png"), full_page=True)
+    assert not page.console_errors, page.console_errors
