@@ -48,11 +48,12 @@ def reject_nul(data: Any) -> Any:
     return data
 
 
-def non_finite_field(data: Any, where: str = "") -> str | None:
-    """The dotted name of the first number in `data` that is not finite (json reads 1e400 as
-    inf: no JSON column can store it), else None ("" for the body itself)."""
+def non_finite_field(data: Any, where: str = "") -> tuple[str, float] | None:
+    """(dotted name, value) of the first number in `data` that is not finite (json reads
+    1e400 as inf, and the parser below lets NaN and Infinity through to be named here: no
+    JSON column can store them), else None (name "" for the body itself)."""
     if isinstance(data, float):
-        return where if not math.isfinite(data) else None
+        return (where, data) if not math.isfinite(data) else None
     items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
     for key, value in items:
         found = non_finite_field(value, f"{where}.{key}" if where else str(key))
@@ -62,17 +63,22 @@ def non_finite_field(data: Any, where: str = "") -> str | None:
 
 
 def reject_non_finite(data: Any) -> Any:
-    name = non_finite_field(data)
-    if name is not None:
+    found = non_finite_field(data)
+    if found is not None:
         from studio.api import ApiError
 
-        label = name or "body"
-        message = "A number too large for a float (JSON has no Infinity)."
+        label = found[0] or "body"
+        message = ("NaN is not a JSON number; send a number or null." if found[1] != found[1] else
+                   "Infinity is not a JSON number, nor is a number too large for a float (such as 1e400).")
         raise ApiError(f"{label}: {message}", fields={label: [message]})
     return data
 
 
 class JSONParser(parsers.JSONParser):
+    # NaN, Infinity and -Infinity are read (Python's json knows them) so that
+    # reject_non_finite can name the field they are in; none of them gets further.
+    strict = False
+
     def parse(self, stream, media_type=None, parser_context=None):
         return reject_non_finite(reject_nul(super().parse(stream, media_type, parser_context)))
 

@@ -1,7 +1,8 @@
 """Found by using the studio: Python's json reads 1e400 as inf, which no JSON column
 can store, so a body holding it was a 500 when the row was written (a script job's
 hyperparameters: SQLite's JSON_VALID check; PostgreSQL refuses Infinity in jsonb too).
-Such a number is a 400 naming where it is, like a NUL."""
+Such a number is a 400 naming where it is, like a NUL; so are the literals NaN and
+Infinity that Python's json writes (DRF's strict parser refused them without a field)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def script_uri(owner, client_for) -> str:
     return response.json()["uri"]
 
 
-@pytest.mark.parametrize("literal", ["1e400", "-1e400"])
+@pytest.mark.parametrize("literal", ["1e400", "-1e400", "NaN", "Infinity", "-Infinity"])
 def test_a_number_too_large_for_a_float_is_a_400_naming_the_field(owner, client_for, script_uri, literal):
     body = json.dumps({"project": "acme", "name": "too-big", "script": {"uri": script_uri, "entry_point": "train.py"},
                        "hyperparameters": {"lr": 0.1, "x": "LITERAL"}}).replace('"LITERAL"', literal)
@@ -33,6 +34,7 @@ def test_a_number_too_large_for_a_float_is_a_400_naming_the_field(owner, client_
     error = response.json()["error"]
     assert error["code"] == "invalid"
     assert list(error["fields"]) == ["hyperparameters.x"]
+    assert ("NaN" if literal == "NaN" else "Infinity") in error["fields"]["hyperparameters.x"][0], error
     assert not TrainingJob.objects.filter(name="too-big").exists()
 
 
