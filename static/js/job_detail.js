@@ -437,6 +437,10 @@
 
   function start() {
     if (!window.Plotly) return;
+    if (live.finished && !(live.system || []).length) {  // none will come: no empty chart area
+      system.div.hidden = true;
+      document.getElementById("system-empty").textContent = "No system samples: no node reported any while this job ran.";
+    }
     (live.system || []).forEach(addSample);
     listen();
     loadHistory();

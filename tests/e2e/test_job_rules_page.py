@@ -4,7 +4,8 @@
   that watched the job end (it looks again), without a reload;
 - a rule the Add-a-rule form refuses comes back open, with what was typed and the error
   beside its field, in view; the form keeps its input through the panel's live refreshes;
-- the Alarms page's "include finished jobs" box applies at once, like the state menu;
+- the Alarms page's "include finished jobs" box applies at once, like the state menu (and
+  an ended job without system samples shows no empty chart);
 - a 100-character rule name, the cost table and a node's long version string fit the page
   at 1360 px: nothing scrolls sideways.
 
@@ -139,6 +140,11 @@ def test_the_alarms_pages_finished_box_applies_at_once(live_server, scientist, p
     page.wait_for_url("**/alarms/?*finished=true*")
     page.locator("#alarms-table [data-rule='stalled']").wait_for()
     assert page.is_checked("input[name=finished]")
+
+    # The ended job's page: no node reported a sample, and none will come — no empty chart.
+    page.goto(f"{live_server.url}/jobs/{done.pk}/")
+    page.wait_for_function("() => document.getElementById('system-chart').hidden")
+    assert "no node reported any" in page.locator("#system-empty").inner_text()
 
     response = page.goto(f"{live_server.url}/alarms/?state=bogus")
     assert response is not None and response.status == 400
