@@ -201,9 +201,9 @@ class JobLogsView(APIView):
             if tail is None or not log_pages.STREAM_ID.fullmatch(until):
                 raise ApiError("until takes a stream id (1700000000000-0) and needs tail.",
                                fields={"until": ["A stream id, with tail."]})
-            page = log_pages.read_stream_page(redis_client(), job, rank, "0-0", limit, tail=tail, until=until)
-            if page.lines or rank is None:
-                return Response({"job": job.pk, "rank": "all" if rank is None else rank, **page.as_dict()})
+            bounded = log_pages.read_stream_page(redis_client(), job, rank, "0-0", limit, tail=tail, until=until)
+            if bounded.lines or rank is None:
+                return Response({"job": job.pk, "rank": "all" if rank is None else rank, **bounded.as_dict()})
         page = None
         if rank is not None and (cursor is None or cursor[0] == "bytes"):
             try:

@@ -38,9 +38,9 @@ class NodeSampleFigures(TypedDict):
 
 @dataclass(frozen=True)
 class Utilisation:
-    """A node's latest system sample of the job it runs."""
+    """A node's latest system sample of the job it runs, else its own heartbeat's figures."""
 
-    job_id: int
+    job_id: int | None
     cpu_percent: float
     gpu_percent: float | None
     at: datetime
@@ -48,21 +48,26 @@ class Utilisation:
 
 # --- now ---------------------------------------------------------------------------------------
 def node_utilisation(now: datetime | None = None) -> dict[str, Utilisation]:
-    """{node name: its latest sample} for the nodes running a job that reported one in the last
-    minute. Two queries: the busy nodes, then their jobs' samples of that minute (a sampler
-    writes one every few seconds, so a handful of rows per node), newest first."""
+    """{node name: its latest figures of the last minute}: for a node running a job, that
+    job's latest system sample; for any other (idle, warm) — or a busy one whose job sent
+    none — what its own heartbeat measured. Two queries: the nodes, then the running jobs'
+    samples of that minute (a sampler writes one every few seconds), newest first."""
     now = now or timezone.now()
-    running = dict(Node.objects.filter(current_job__isnull=False).exclude(state__in=[NodeState.LOST, NodeState.STOPPED])
-                   .values_list("name", "current_job_id"))
-    if not running:
-        return {}
-    samples = (SystemMetric.objects.filter(job_id__in=set(running.values()), node_name__in=list(running),
-                                           time__gte=now - UTILISATION_WINDOW)
-               .order_by("-time").values_list("node_name", "job_id", "cpu_percent", "gpu_percent", "time"))
+    since = now - UTILISATION_WINDOW
+    nodes = list(Node.objects.exclude(state__in=[NodeState.LOST, NodeState.STOPPED])
+                 .values_list("name", "current_job_id", "cpu_percent", "gpu_percent", "utilisation_at"))
+    running = {name: job_id for name, job_id, *_ in nodes if job_id is not None}
     latest: dict[str, Utilisation] = {}
-    for node_name, job_id, cpu, gpu, at in samples:
-        if node_name not in latest and running.get(node_name) == job_id:
-            latest[node_name] = Utilisation(job_id=job_id, cpu_percent=cpu, gpu_percent=gpu, at=at)
+    if running:
+        samples = (SystemMetric.objects.filter(job_id__in=set(running.values()), node_name__in=list(running),
+                                               time__gte=since)
+                   .order_by("-time").values_list("node_name", "job_id", "cpu_percent", "gpu_percent", "time"))
+        for node_name, job_id, cpu, gpu, at in samples:
+            if node_name not in latest and running.get(node_name) == job_id:
+                latest[node_name] = Utilisation(job_id=job_id, cpu_percent=cpu, gpu_percent=gpu, at=at)
+    for name, job_id, own_cpu, own_gpu, own_at in nodes:
+        if name not in latest and own_cpu is not None and own_at is not None and own_at >= since:
+            latest[name] = Utilisation(job_id=job_id, cpu_percent=own_cpu, gpu_percent=own_gpu, at=own_at)
     return latest
 
 

@@ -378,6 +378,11 @@ class Node(models.Model):
     warm_from_job = models.ForeignKey(TrainingJob, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     started_at = models.DateTimeField(default=timezone.now)
     last_heartbeat = models.DateTimeField(default=timezone.now)
+    # The machine's own CPU and GPU use (whole node, %), sent with each heartbeat: what an
+    # idle node shows where no job's sample speaks for it (jobs.cluster.node_utilisation).
+    cpu_percent = models.FloatField(null=True, blank=True)
+    gpu_percent = models.FloatField(null=True, blank=True)
+    utilisation_at = models.DateTimeField(null=True, blank=True)
 
     objects: ClassVar[NodeQuerySet] = NodeQuerySet.as_manager()  # type: ignore[assignment]
 

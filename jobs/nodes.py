@@ -110,18 +110,56 @@ def register_node(*, name: str, instance_type: str = "cpu", hostname: str | None
     return node
 
 
-def heartbeat(node_name: str) -> None:
-    """Record that the node is alive. Targeted updates only: the heartbeat must never
-    overwrite a state that the scheduler set in between (busy, warm)."""
+def heartbeat(node_name: str, usage: tuple[float | None, float | None] | None = None) -> None:
+    """Record that the node is alive, and (usage) its own CPU and GPU use, %. Targeted
+    updates only: the heartbeat must never overwrite a state that the scheduler set in
+    between (busy, warm)."""
     now = timezone.now()
+    figures: dict = {}
+    if usage is not None:
+        figures = {"cpu_percent": usage[0], "gpu_percent": usage[1], "utilisation_at": now}
     # A node the sweep marked lost while it was merely slow (a long GC, a stalled disk)
     # comes back as idle. Compare-and-set on `lost` so a concurrent state change by the
     # scheduler is not undone.
-    revived = Node.objects.filter(name=node_name, state=NodeState.LOST).update(state=NodeState.IDLE, last_heartbeat=now)
+    revived = Node.objects.filter(name=node_name, state=NodeState.LOST).update(state=NodeState.IDLE, last_heartbeat=now,
+                                                                               **figures)
     if revived:
         log.warning("node %s heartbeats again after being marked lost; it is idle again", node_name)
         return
-    Node.objects.filter(name=node_name).exclude(state=NodeState.STOPPED).update(last_heartbeat=now)
+    Node.objects.filter(name=node_name).exclude(state=NodeState.STOPPED).update(last_heartbeat=now, **figures)
+
+
+class NodeUsage:
+    """The machine's CPU use since the last reading and its GPUs' mean utilisation (NVML
+    where there is a driver), for the heartbeat. CPU from its own cpu_times() deltas: psutil's
+    cpu_percent(None) keeps one module-wide baseline, which a job's system sampler in this
+    process also moves."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        from jobs.runner.process.guard import _open_nvml
+
+        self._psutil = psutil
+        self._last = self._times()
+        self._nvml = _open_nvml()
+
+    def _times(self) -> tuple[float, float]:
+        times = self._psutil.cpu_times()
+        total = sum(times)
+        return total, total - times.idle - getattr(times, "iowait", 0.0)
+
+    def read(self) -> tuple[float | None, float | None]:
+        from jobs.runner.process.guard import _gpu_usage
+
+        try:
+            now = self._times()
+            total, busy = now[0] - self._last[0], now[1] - self._last[1]
+            self._last = now
+            cpu: float | None = round(min(100.0, max(0.0, 100.0 * busy / total)), 1) if total > 0 else None
+        except Exception:  # noqa: BLE001 - a figure is a nicety; the heartbeat is not
+            cpu = None
+        return cpu, _gpu_usage(self._nvml)[0]
 
 
 def mark_lost_nodes() -> int:
@@ -180,11 +218,16 @@ class HeartbeatThread(threading.Thread):
         self._stopping = threading.Event()
 
     def run(self) -> None:
+        usage = None
+        try:
+            usage = NodeUsage()
+        except Exception:  # noqa: BLE001 - no figures, still heartbeats
+            log.warning("node %s: its CPU and GPU use cannot be read; heartbeats carry none", self.node_name, exc_info=True)
         try:
             while not self._stopping.wait(self.interval):
                 try:
                     close_old_connections()
-                    heartbeat(self.node_name)
+                    heartbeat(self.node_name, usage.read() if usage is not None else None)
                     from jobs.runner import warm
 
                     warm.tidy(self.node_name)

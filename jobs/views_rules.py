@@ -5,6 +5,7 @@ with what was typed and the error beside its field (kept in the session for one 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
@@ -44,7 +45,7 @@ def _refused(request: HttpRequest, pk: int, values: dict, field: str | None, mes
 @require_POST
 def rule_add(request: HttpRequest, pk: int) -> HttpResponse:
     job = get_job_for_user(request.user, pk, write=True)
-    values = {"type": request.POST.get("type", ""), "name": request.POST.get("name") or "",
+    values: dict[str, Any] = {"type": request.POST.get("type", ""), "name": request.POST.get("name") or "",
               "parameters": request.POST.get("parameters") or "", "actions": request.POST.getlist("actions")}
     raw_parameters = values["parameters"].strip() or "{}"
     try:

@@ -149,6 +149,31 @@ def test_utilisation_comes_from_the_latest_sample_of_the_nodes_job(cluster):
     assert families["trainyard_node_gpu_utilization_percent"] == {(("gpu", "all"), ("node", "gpu-1")): 87.25}
 
 
+def test_an_idle_or_warm_node_shows_what_its_own_heartbeat_measured(cluster):
+    from jobs.nodes import NodeUsage, heartbeat
+
+    usage = NodeUsage()
+    sum(i * i for i in range(200_000))  # some CPU to measure
+    cpu, gpu = usage.read()
+    assert cpu is not None and 0.0 <= cpu <= 100.0 and gpu is None  # no GPU driver here
+    heartbeat("cpu-1", (cpu, gpu))
+    heartbeat("gpu-2", (12.5, 40.0))
+    heartbeat("gpu-1", (1.0, 2.0))  # busy: its job's sample speaks for it
+    heartbeat("cpu-silent", (5.0, None))  # a heartbeat revives it: idle again, with its figure
+    Node.objects.filter(name="cpu-2").update(cpu_percent=70.0, utilisation_at=timezone.now() - timedelta(minutes=2))
+    families = scrape()
+    assert families["trainyard_node_cpu_utilization_percent"] == {
+        (("node", "cpu-1"),): cpu, (("node", "cpu-silent"),): 5.0, (("node", "gpu-1"),): 55.5, (("node", "gpu-2"),): 12.5}
+    assert families["trainyard_node_gpu_utilization_percent"] == {
+        (("gpu", "all"), ("node", "gpu-1")): 87.25, (("gpu", "all"), ("node", "gpu-2")): 40.0}
+    # The Nodes page's charts sample the same figures.
+    from jobs.cluster import sample_cluster
+
+    nodes = sample_cluster().nodes
+    assert nodes["cpu-1"]["cpu_percent"] == cpu and nodes["gpu-2"]["gpu_percent"] == 40.0
+    assert nodes["cpu-2"]["cpu_percent"] is None  # its job's sample and its own figure are too old
+
+
 def test_the_review_backlog_matches_the_flow_stats_api(cluster, owner, client_for):
     families = scrape()
     flow = cluster["flow"]

@@ -13,8 +13,9 @@ whatever the number of jobs, points or loops. The figures are the API's:
   silent past STUDIO_NODE_LOST_SECONDS reads lost before the sweep marks it);
   trainyard_gpus the same for their GPUs.
 - trainyard_node_cpu_utilization_percent{node}, trainyard_node_gpu_utilization_percent
-  {node,gpu}: the latest system sample (last minute) of the job a node runs (jobs.cluster);
-  gpu="all" (the sampler records the mean over the node's GPUs). An idle node has none.
+  {node,gpu}: the latest system sample (last minute) of the job a node runs, else (idle,
+  warm) the node's own heartbeat figure (jobs.cluster); gpu="all" (the mean over the node's
+  GPUs). A node silent for a minute has none.
 - trainyard_jobs{status,instance_type}: jobs as the jobs list counts them (archived jobs
   left out); trainyard_queue_depth{instance_type}: Pending jobs;
   trainyard_queue_oldest_pending_seconds{instance_type}: the oldest one's wait (0: none).
@@ -98,10 +99,10 @@ class StudioCollector(Collector):
 
     def utilisation(self, now: datetime) -> Iterator[Metric]:
         cpu = GaugeMetricFamily("trainyard_node_cpu_utilization_percent",
-                                "CPU use of a node running a job, from the job's latest system sample (last minute).",
+                                "CPU use of a node: its job's latest system sample, else its own heartbeat's (last minute).",
                                 labels=["node"])
         gpu = GaugeMetricFamily("trainyard_node_gpu_utilization_percent",
-                                "GPU use of a node running a job, from the job's latest system sample (last minute); "
+                                "GPU use of a node: its job's latest system sample, else its own heartbeat's (last minute); "
                                 "gpu=\"all\": the mean over the node's GPUs.", labels=["node", "gpu"])
         for name, figures in sorted(node_utilisation(now).items()):
             cpu.add_metric([name], figures.cpu_percent)
