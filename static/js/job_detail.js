@@ -319,8 +319,9 @@
 
   function logQuery() {
     // A running job: the live stream's recent lines up to logPosition. Ended: one rank's file
-    // in the object store (complete); all ranks: the live stream's recent lines.
-    var rank = rankSelect ? rankSelect.value : "0";
+    // in the object store (complete); all ranks — and a one-rank job, whose page shows the
+    // launcher's lines beside rank 0's as they come — the live stream's recent lines.
+    var rank = rankSelect ? rankSelect.value : "";
     var query = "?tail=" + MAX_LOG_LINES + "&rank=" + (rank === "" ? "all" : rank);
     return logPosition && !live.finished ? query + "&until=" + encodeURIComponent(logPosition) : query;
   }
@@ -328,7 +329,7 @@
   function loadLogs() {
     logsLoaded = false;
     return getJSON(live.urls.logs + logQuery()).then(function (body) {
-      if (!(body.lines || []).length && rankSelect && rankSelect.value === "") {
+      if (!(body.lines || []).length && (!rankSelect || rankSelect.value === "")) {
         return getJSON(live.urls.logs + "?tail=" + MAX_LOG_LINES + "&rank=0");  // the stream expired: rank 0's file
       }
       return body;

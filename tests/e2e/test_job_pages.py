@@ -249,3 +249,35 @@ def test_failed_job_and_compare_pages(live_server, scientist, project, ready_ver
     page.wait_for_function("() => document.getElementById('compare-charts').hasAttribute('data-drawn')")
     page.screenshot(path=str(SCREENSHOTS / "trainyard-job-compare.png"), full_page=True)
     assert not page.console_errors, page.console_errors
+
+
+def test_a_finished_one_rank_jobs_log_keeps_the_launchers_notes(live_server, scientist, project, ready_version,
+                                                                  browser_page):
+    # While it ran, the page showed the launcher's own lines ("[trainyard] launched …", a
+    # dropped regex, "processes ended") beside rank 0's; once it ended it read rank 0's file
+    # alone and they were gone. Now it reads the live stream's lines of every rank.
+    from studio.redis_conn import redis_client
+    from trainyard.protocol import LOGS_STREAM, key
+
+    job = finished_job(project, scientist, ready_version, name="noted", status=JobStatus.COMPLETED,
+                       hyperparameters={"epochs": 1}, final={}, curve=1.0)
+    log_uri = join_uri(job.output_uri, "logs", "rank-0.log")
+    with store_for(log_uri).open_write(log_uri) as out:
+        out.write(b"step 1 loss 0.5\n")
+    stream = key(LOGS_STREAM, job.pk)
+    for rank, text in ((-1, "[trainyard] launched 1 process(es) on node e2e-1, cold"), (0, "step 1 loss 0.5"),
+                       (-1, "[trainyard] metric 'evil': its regex ran out of time"), (-1, "[trainyard] processes ended")):
+        redis_client().xadd(stream, {"r": rank, "t": "1700000000.000", "s": "err" if rank < 0 else "out", "l": text})
+    page = browser_page
+    sign_in(page, live_server.url)
+    page.goto(f"{live_server.url}/jobs/{job.pk}/")
+    page.locator("#log .log-line").nth(3).wait_for()
+    lines = page.locator("#log .log-line").all_inner_texts()
+    assert lines[1] == "step 1 loss 0.5" and lines[0].startswith("[trainyard] launched"), lines
+    assert any("ran out of time" in line for line in lines) and any("processes ended" in line for line in lines), lines
+
+    # No stream left (Redis restarted): rank 0's file, as before.
+    redis_client().delete(stream)
+    page.reload()
+    page.locator("#log .log-line").first.wait_for()
+    assert page.locator("#log .log-line").all_inner_texts() == ["step 1 loss 0.5"]
