@@ -6,8 +6,8 @@
   beside its field, in view; the form keeps its input through the panel's live refreshes;
 - the Alarms page's "include finished jobs" box applies at once, like the state menu (and
   an ended job without system samples shows no empty chart);
-- a 100-character rule name, the cost table and a node's long version string fit the page
-  at 1360 px: nothing scrolls sideways.
+- a 100-character rule name, a running job's cost table, a node's long version string and a
+  100-character channel name fit the page at 1360 px: nothing scrolls sideways.
 
 The job's stream is played by the test (the stand-in EventSource of test_live_charts)."""
 
@@ -25,6 +25,8 @@ from jobs.models import JobAttempt, JobRule, JobStatus, Node, RuleState, Trainin
 from tests.e2e.conftest import SCREENSHOTS
 from tests.e2e.test_job_pages import sign_in
 from tests.e2e.test_live_charts import FAKE_STREAM_JS
+from studio import actions
+from studio.models import NotificationChannel, Role
 from tests.factories import make_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -158,8 +160,7 @@ def test_long_names_the_cost_table_and_node_versions_fit_the_page(live_server, s
     rule(job, LONG_NAME, RuleState.ALARM, "x" * 300, type="custom",
          parameters={"metric": "m" * 150, "threshold": 1, "comparison": ">"})
     JobAttempt.objects.create(job=job, attempt=1, node_rank=0, billable_seconds=4321.5, training_seconds=4000.0,
-                              price_per_hour=Decimal("36.5"), currency="USD", cost=Decimal("43.815"),
-                              finished_at=timezone.now())
+                              price_per_hour=Decimal("36.5"), currency="USD", cost=Decimal("43.815"))  # running
     Node.objects.create(name="node-with-a-long-name-" + "x" * 40, hostname="host-" + "h" * 60, queue="node.cpu.x",
                         version="trainyard 0.9.0+" + "g" * 45, cpus=16, memory_bytes=64 * 2**30)
     sign_in(page, live_server.url)
@@ -174,12 +175,17 @@ def test_long_names_the_cost_table_and_node_versions_fit_the_page(live_server, s
                          " return [t.scrollWidth, t.parentElement.clientWidth]; }")
     assert cost[0] <= cost[1], f"the cost table is {cost[0]} px in {cost[1]} px"
     assert page.locator("#cost-attempts th", has_text="Cost").is_visible()
+    assert page.locator("#cost-attempts [aria-label=running]").count() == 1  # a running attempt, still in its card
     page.screenshot(path=str(SCREENSHOTS / "trainyard-job-long-names.png"), full_page=True)
 
-    for path in ("/alarms/?finished=true", "/nodes/"):
+    NotificationChannel.objects.create(project=project, name="c" * 100, kind="webhook",
+                                       url="https://hooks.example.com/" + "p" * 300)
+    actions.set_membership(project=project, user=scientist, role=Role.ADMIN)  # the channels' URLs and the form
+    for path in ("/alarms/?finished=true", "/nodes/", f"/projects/{project.slug}/notifications/"):
         page.goto(live_server.url + path)
         no_sideways_scroll(page)
         for table in page.locator(".table-wide > table").all():  # nor inside their own scroller
             assert table.evaluate("t => t.parentElement.scrollWidth <= t.parentElement.clientWidth"), (path, table.evaluate("t => [t.scrollWidth, t.offsetWidth, t.parentElement.scrollWidth, t.parentElement.clientWidth]"))
-        page.screenshot(path=str(SCREENSHOTS / f"trainyard-{path.strip('/').split('/')[0]}-long-names.png"), full_page=True)
+        page.screenshot(path=str(SCREENSHOTS / f"trainyard-{path.strip('/').split('/')[-1].split('?')[0]}-long-names.png"),
+                        full_page=True)
     assert not page.console_errors, page.console_errors
