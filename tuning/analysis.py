@@ -20,7 +20,7 @@ COMPLETED = "Completed"
 MIN_TRIALS_FOR_IMPORTANCE = 2
 STEADY_IMPORTANCE_TRIALS = 10  # fewer completed trials: the page says the importances are a rough hint
 STUDY_PREFIX = "trainyard-page-importances-"
-TRIAL_FIELDS = ("id", "name", "status", "stop_reason", "trial_number", "trial_params", "objective_value",
+TRIAL_FIELDS = ("id", "name", "status", "stop_reason", "stop_rule", "trial_number", "trial_params", "objective_value",
                 "intermediate_values", "started_at", "finished_at", "tuning_job_id")
 
 
@@ -222,7 +222,11 @@ def parallel_coordinates(tuning_job: TuningJob, completed: list[TrainingJob]) ->
     objective = [float(t.objective_value) for t in rows]  # type: ignore[arg-type]
     if rows:
         metric = (tuning_job.objective or {}).get("metric", "objective")
-        dimensions.append({"label": str(metric), "values": objective, "range": [min(objective), max(objective)]})
+        low, high = min(objective), max(objective)
+        if low == high:  # one value: a narrow band around it (Plotly's own pad is ±1, whatever the scale)
+            pad = abs(low) * 0.05 or 0.05
+            low, high = low - pad, high + pad
+        dimensions.append({"label": str(metric), "values": objective, "range": [low, high]})
     return {"dimensions": dimensions if rows else [], "color": objective, "trials": [t.trial_number for t in rows]}
 
 

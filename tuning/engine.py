@@ -61,6 +61,7 @@ from jobs.metrics import text
 from jobs.models import (
     EARLY_STOPPED,
     FINISHED_STATUSES,
+    RULE_TRIGGERED,
     STOP_REQUESTED,
     JobEvent,
     JobStatus,
@@ -263,6 +264,14 @@ class Search:
         job = trial.job
         if job.status != JobStatus.COMPLETED:
             trial.settled = job.status in FINISHED_STATUSES
+            if job.stop_reason == RULE_TRIGGERED and job.finished_at and self.now - job.finished_at <= timedelta(
+                    seconds=SETTLE_SECONDS):
+                # Stopped by one of its rules between two prune checks: its last points are
+                # read in (the pruner's own stop freezes the series where it pruned instead).
+                self.load_series([trial])
+                before = len(job.intermediate_values or {})
+                if len(self.read_new_points(job)) != before:
+                    TrainingJob.objects.filter(pk=job.pk).update(intermediate_values=job.intermediate_values)
             return
         if job.objective_value is not None:
             trial.settled = True

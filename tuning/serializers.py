@@ -9,7 +9,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from jobs.models import FINISHED_STATUSES, PRUNED_STOP_REASONS, JobStatus, TrainingJob
+from jobs.models import FINISHED_STATUSES, PRUNED_STOP_REASONS, RULE_TRIGGERED, JobStatus, TrainingJob
 from jobs.serializers import JobCreateSerializer
 from studio.validators import clean_name
 from tuning import ranges
@@ -123,8 +123,8 @@ class TuningJobCreateSerializer(serializers.Serializer):
 class TrialSerializer(serializers.ModelSerializer):
     class Meta:
         model = TrainingJob
-        fields = ["id", "name", "trial_number", "status", "stop_reason", "failure_reason", "objective_value",
-                  "trial_params", "started_at", "finished_at"]
+        fields = ["id", "name", "trial_number", "status", "stop_reason", "stop_rule", "failure_reason",
+                  "objective_value", "trial_params", "started_at", "finished_at"]
 
 
 class BestTrialSerializer(serializers.ModelSerializer):
@@ -139,7 +139,9 @@ class TrialCountsSerializer(serializers.Serializer):
     running = serializers.IntegerField(help_text="Starting, Training, Uploading or Stopping")
     completed = serializers.IntegerField()
     stopped = serializers.IntegerField(help_text="Including early stopped")
-    early_stopped = serializers.IntegerField()
+    early_stopped = serializers.IntegerField(help_text="Pruned: stopped by the search's early stopping or by one of "
+                                                       "their rules (also counted in stopped)")
+    rule_stopped = serializers.IntegerField(help_text="Of early_stopped, those one of their rules stopped (RuleTriggered)")
     failed = serializers.IntegerField()
 
 
@@ -160,6 +162,8 @@ def trial_counts(rows: list[tuple[str, str, int]]) -> dict[str, int]:
             counts["stopped"] += count
             if stop_reason in PRUNED_STOP_REASONS:  # the pruner's or a rule's stop
                 counts["early_stopped"] += count
+            if stop_reason == RULE_TRIGGERED:
+                counts["rule_stopped"] += count
     return counts
 
 

@@ -24,7 +24,7 @@ from django.utils import timezone
 from datasets.models import DatasetVersion
 from datasets.pickers import ready_versions
 from jobs.access import get_job_for_user
-from jobs.models import FINISHED_STATUSES, Node, TrainingJob
+from jobs.models import EARLY_STOPPED, FINISHED_STATUSES, RULE_TRIGGERED, Node, TrainingJob
 from studio.models import Project
 from studio.pages import can_write_in, duration_text, shown_value
 from studio.views import current_project, page, project_roles, readable_projects
@@ -214,6 +214,7 @@ def tuning_create(request: HttpRequest) -> HttpResponse:
 class TrialRow:
     job: TrainingJob
     status: str  # "Pruned" for an early-stopped trial
+    pruned_by: str  # a pruned trial's "why": the tuning job's early stopping, or which of its rules
     objective: float | None
     reported: float | None  # the last intermediate value, for a trial without a final objective
     params: list[tuple[Any, Any, bool]]  # (value, sort value, numeric) in the ranges' order; shown with |sig
@@ -227,7 +228,15 @@ def _sort_value(value: Any) -> Any:
     return value if isinstance(value, (int, float, str)) else json.dumps(value, sort_keys=True)
 
 
-def trial_rows(trials: list[TrainingJob], ranges: dict[str, Any], now: datetime) -> list[TrialRow]:
+def pruned_by(trial: TrainingJob, early_stopping: str) -> str:
+    if trial.stop_reason == RULE_TRIGGERED:
+        return f"Stopped by its rule {trial.stop_rule or '(unnamed)'} (RuleTriggered)"
+    if trial.stop_reason == EARLY_STOPPED:
+        return f"Stopped early by the search's early stopping ({early_stopping}): its intermediate values were not promising"
+    return ""
+
+
+def trial_rows(trials: list[TrainingJob], ranges: dict[str, Any], now: datetime, early_stopping: str) -> list[TrialRow]:
     numeric = {name: not (isinstance(spec, dict) and spec.get("type") == "categorical") for name, spec in ranges.items()}
     rows = []
     for trial in trials:
@@ -237,6 +246,7 @@ def trial_rows(trials: list[TrainingJob], ranges: dict[str, Any], now: datetime)
         rows.append(TrialRow(
             job=trial,
             status=analysis.shown_status(trial),
+            pruned_by=pruned_by(trial, early_stopping),
             objective=objective,
             reported=analysis.last_reported(trial.intermediate_values) if objective is None else None,
             params=[(params.get(name), _sort_value(params.get(name, "")), numeric[name]) for name in ranges],
@@ -244,6 +254,19 @@ def trial_rows(trials: list[TrainingJob], ranges: dict[str, Any], now: datetime)
             seconds=seconds or 0,
         ))
     return rows
+
+
+def base_rules(base: dict) -> list[tuple[str, str, str]]:
+    """(name, type, actions) of the rules every trial gets: the base job's, with the defaults
+    (non_finite) as submit_job adds them."""
+    from jobs.rules.engine import RuleError, check_rules
+    from jobs.templatetags.job_rules import action_words
+
+    try:
+        rules = check_rules(base.get("rules") or [])
+    except RuleError:  # checked when the search was created; a row written by hand shows none
+        return []
+    return [(rule["name"], rule["type"], action_words(rule["actions"])) for rule in rules if rule["enabled"]]
 
 
 def range_text(spec: dict) -> str:
@@ -302,7 +325,7 @@ def tuning_detail(request: HttpRequest, pk: int) -> HttpResponse:
     ranges = dict(sorted((job.parameter_ranges or {}).items()))
     names = list(ranges)
     now = timezone.now()
-    rows = trial_rows(trials, ranges, now)
+    rows = trial_rows(trials, ranges, now, job.early_stopping)
     can_write = can_write_in(request, job.project_id)
     finished = job.is_finished()
     done = sum(1 for t in trials if t.is_finished())
@@ -330,6 +353,7 @@ def tuning_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "done": done,
         "running": len(trials) - done,
         "pruned": sum(1 for row in rows if row.status == "Pruned"),
+        "pruned_by_rules": sum(1 for row in rows if row.status == "Pruned" and row.job.stop_reason == RULE_TRIGGERED),
         "failed": sum(1 for row in rows if row.status == "Failed"),
         "progress": min(100, round(100 * done / job.max_trials)) if job.max_trials else 0,
         "duration": duration_text(run_seconds(job.started_at, job.finished_at, now)),
@@ -343,6 +367,7 @@ def tuning_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "inputs": base_inputs(job),
             "instance_type": (base.get("resources") or {}).get("instance_type", "cpu"),
             "max_runtime_seconds": (base.get("stopping") or {}).get("max_runtime_seconds"),
+            "rules": base_rules(base),
         },
         "live": {
             "status": job.status,

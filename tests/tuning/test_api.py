@@ -181,7 +181,7 @@ def test_detail_lists_trials_counts_and_the_best_trial(owner, client_for, quadra
                                     "trial_params": second.trial_params}
     assert detail["best_value"] == 0.5
     assert detail["trial_counts"] == {"total": 4, "pending": 1, "running": 0, "completed": 2, "stopped": 0,
-                                      "early_stopped": 0, "failed": 1}
+                                      "early_stopped": 0, "rule_stopped": 0, "failed": 1}
     assert detail["elapsed_seconds"] >= 0
     trial = client.get(f"/api/v1/jobs/{second.pk}/").json()
     assert (trial["tuning_job"], trial["trial_number"], trial["objective_value"]) == (tuning.pk, 2, 0.5)
