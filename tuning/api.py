@@ -17,10 +17,11 @@ from studio.models import Project
 from tuning import actions
 from tuning.access import get_tuning_job_for_user
 from tuning.models import TuningJob
-from tuning.serializers import TuningJobCreateSerializer, TuningJobSerializer, TuningJobSummarySerializer, trial_counts
+from tuning.serializers import (TrialSerializer, TuningJobCreateSerializer, TuningJobSerializer,
+                                TuningJobSummarySerializer, trial_counts)
 
-TRIAL_FIELDS = ("id", "name", "trial_number", "status", "stop_reason", "failure_reason", "objective_value",
-                "trial_params", "started_at", "finished_at", "tuning_job_id")
+# What the detail reads of every trial: the fields its rows show, so none is fetched per trial.
+TRIAL_FIELDS = (*TrialSerializer.Meta.fields, "tuning_job_id")
 
 
 def tuning_queryset():
