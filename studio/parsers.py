@@ -5,6 +5,7 @@ when the row is written. (The URL is checked by studio.middleware.RejectNulMiddl
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from django.http import QueryDict
@@ -14,27 +15,51 @@ from rest_framework.parsers import DataAndFiles
 NUL = "\x00"
 
 
-def nul_field(data: Any, where: str = "") -> str | None:
-    """The dotted name of the first key or string in `data` that holds a NUL, else None
-    ("" for the body itself)."""
-    if isinstance(data, str):
-        return where if NUL in data else None
-    if isinstance(data, QueryDict):  # a form field's values under its own name
+def _path(where: str, key: Any, *, index: bool = False) -> str:
+    """A field's path as every error names it: keys dotted, list items by index in brackets
+    (`rules[0].parameters.threshold`, as the rule checker writes them; `tags[1]`)."""
+    if index:
+        return f"{where}[{key}]" if where else f"[{key}]"
+    return f"{where}.{key}" if where else str(key)
+
+
+def _first(data: Any, bad: Callable[[Any], bool], where: str = "") -> tuple[str, Any] | None:
+    """(path, value) of the first key or leaf in `data` that `bad` picks, depth first; None
+    when there is none (path "" for the body itself). A form's QueryDict: each field's values
+    joined under its own name."""
+    if isinstance(data, QueryDict):
         data = {name: "".join(data.getlist(name)) for name in data}
     if isinstance(data, dict):
         for key, value in data.items():
-            name = f"{where}.{key}" if where else str(key)
-            if NUL in str(key):
-                return name.replace(NUL, "\\x00")
-            found = nul_field(value, name)
+            name = _path(where, key)
+            if bad(key):
+                return name, key
+            found = _first(value, bad, name)
             if found is not None:
                 return found
-    elif isinstance(data, (list, tuple)):
+        return None
+    if isinstance(data, (list, tuple)):
         for index, value in enumerate(data):
-            found = nul_field(value, f"{where}.{index}" if where else str(index))
+            found = _first(value, bad, _path(where, index, index=True))
             if found is not None:
                 return found
-    return None
+        return None
+    return (where, data) if bad(data) else None
+
+
+def _has_nul(value: Any) -> bool:
+    return isinstance(value, str) and NUL in value
+
+
+def _not_finite(value: Any) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def nul_field(data: Any) -> str | None:
+    """The path of the first key or string in `data` that holds a NUL, else None ("" for the
+    body itself)."""
+    found = _first(data, _has_nul)
+    return None if found is None else found[0].replace(NUL, "\\x00")
 
 
 def reject_nul(data: Any) -> Any:
@@ -48,22 +73,10 @@ def reject_nul(data: Any) -> Any:
     return data
 
 
-def non_finite_field(data: Any, where: str = "") -> tuple[str, float] | None:
-    """(dotted name, value) of the first number in `data` that is not finite (json reads
-    1e400 as inf, and the parser below lets NaN and Infinity through to be named here: no
-    JSON column can store them), else None (name "" for the body itself)."""
-    if isinstance(data, float):
-        return (where, data) if not math.isfinite(data) else None
-    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
-    for key, value in items:
-        found = non_finite_field(value, f"{where}.{key}" if where else str(key))
-        if found is not None:
-            return found
-    return None
-
-
 def reject_non_finite(data: Any) -> Any:
-    found = non_finite_field(data)
+    """A number that is not finite (json reads 1e400 as inf, and the parser below lets NaN and
+    Infinity through to be named here): no JSON column can store one; a 400 naming it."""
+    found = _first(data, _not_finite)
     if found is not None:
         from studio.api import ApiError
 

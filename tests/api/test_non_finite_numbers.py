@@ -47,3 +47,17 @@ def test_large_finite_numbers_still_pass(owner, client_for, script_uri):
     # PostgreSQL's jsonb keeps numbers as numeric and writes 1e300 out in full digits: the
     # same number, read back as an int.
     assert float(response.json()["hyperparameters"]["x"]) == 1e300
+
+
+def test_a_non_finite_number_in_a_list_is_named_as_the_rule_checker_names_it(owner, client_for, script_uri):
+    # One path syntax for every 400: keys dotted, list items by index in brackets, as the
+    # rule checker writes rules[0].parameters.metric (the parser used to say rules.0.…).
+    body = json.dumps({"project": "acme", "name": "nan-rule", "script": {"uri": script_uri, "entry_point": "train.py"},
+                       "rules": [{"type": "stalled"}, {"type": "custom", "parameters": {"metric": "loss",
+                                                                                         "threshold": "LITERAL"}}]}
+                      ).replace('"LITERAL"', "NaN")
+    response = client_for(owner).post("/api/v1/jobs/", body, content_type="application/json")
+
+    assert response.status_code == 400, response.content
+    assert list(response.json()["error"]["fields"]) == ["rules[1].parameters.threshold"]
+    assert not TrainingJob.objects.filter(name="nan-rule").exists()

@@ -95,6 +95,9 @@ def test_a_nul_in_a_json_body_field_is_a_400_naming_the_field(owner, client_for)
                            format="json")
     assert response.status_code == 400
     assert list(response.json()["error"]["fields"]) == ["hyperparameters.lr"]
+    response = client.post("/api/v1/jobs/", {"project": "acme", "name": "j", "tags": ["a", "b\x00"]}, format="json")
+    assert response.status_code == 400
+    assert list(response.json()["error"]["fields"]) == ["tags[1]"]  # list items by index, as rules[0].type
     response = client.post("/api/v1/datasets/", {"project": "acme", "name": "d\x00", "source_uri": "file:///x"})
     assert response.status_code == 400  # multipart form fields too
     assert list(response.json()["error"]["fields"]) == ["name"]
@@ -112,4 +115,4 @@ def test_a_nul_in_an_invocation_is_a_400_naming_the_instance_field(project, owne
     response = client_for(owner).post("/api/v1/endpoints/demo-ep/invocations",
                                       {"instances": [{"sepal": "1.0"}, {"sepal": "2\x00"}]}, format="json")
     assert response.status_code == 400, response.content[:300]
-    assert list(response.json()["error"]["fields"]) == ["instances.1.sepal"]
+    assert list(response.json()["error"]["fields"]) == ["instances[1].sepal"]
