@@ -90,14 +90,15 @@ _EVALUATORS: dict[str, type[Evaluator]] = {
 
 
 def evaluator(spec: dict, *, started_at: float, state: str = INSUFFICIENT_DATA,
-              last_fired_at: float | None = None) -> Evaluator:
+              last_fired_at: float | None = None, had_data: bool | None = None) -> Evaluator:
     """The evaluator of one rule (`spec`: check_rule's output) of a job started at
     `started_at` (unix seconds). `state` and `last_fired_at` restore a rule after a watcher
-    restart: its history starts afresh, its state and cool-down carry on."""
+    restart: its history starts afresh, its state and cool-down carry on, and `had_data`
+    whether it ever left INSUFFICIENT_DATA (by default: whether `state` is another)."""
     kind = _EVALUATORS.get(spec.get("type", ""))
     if kind is None:
         raise RuleError("type", f"must be one of {_listing(RULE_TYPES)}, not {_describe(spec.get('type'))}.")
-    return kind(spec, started_at=started_at, state=state, last_fired_at=last_fired_at)
+    return kind(spec, started_at=started_at, state=state, last_fired_at=last_fired_at, had_data=had_data)
 
 
 __all__ = [

@@ -186,7 +186,7 @@ class Evaluator:
     "finished without data" record)."""
 
     def __init__(self, spec: dict, *, started_at: float, state: str = INSUFFICIENT_DATA,
-                 last_fired_at: float | None = None) -> None:
+                 last_fired_at: float | None = None, had_data: bool | None = None) -> None:
         self.spec = spec
         self.params: dict[str, Any] = spec["parameters"]
         self.enabled = bool(spec.get("enabled", True))
@@ -195,6 +195,9 @@ class Evaluator:
         self.cooldown_seconds = float(self.params.get("cooldown_seconds", 0.0))
         self.last_fired_at = last_fired_at
         self.finished = False
+        # Whether the rule ever left INSUFFICIENT_DATA (a metric that went missing after points
+        # came is not "never got data"); a restored rule says so itself (`had_data`).
+        self.had_data = self.state != INSUFFICIENT_DATA if had_data is None else bool(had_data)
         self._pending: list[Transition] = []
         self._seen: dict[str, None] = {}
         waiting = self.waiting_for()
@@ -235,7 +238,7 @@ class Evaluator:
             return out
         if finished:
             self.finished = True
-            if self.state == INSUFFICIENT_DATA:
+            if self.state == INSUFFICIENT_DATA and not self.had_data:
                 wanted = self.wanted_metrics()
                 seen = list(self._seen)
                 reason = (f"the job ended before this rule got data: it waited for {self.waiting_for()}; "
@@ -288,5 +291,6 @@ class Evaluator:
                 self.last_fired_at = at
         out.append(Transition(self.state, to_state, at, reason, _json_safe(values), step, fire))
         self.state, self.reason = to_state, reason
+        self.had_data = self.had_data or to_state != INSUFFICIENT_DATA
 
 

@@ -225,7 +225,7 @@ class RuleWatcher:
                 # A new attempt (a lost node's retry): its clock starts again; states carry over.
                 watched.attempt, watched.started_at, watched.first_step_at = row["attempt"], started, None
                 for w in watched.rules.values():
-                    w.evaluator = self._evaluator(w.rule, started, state=w.evaluator.state)
+                    w.evaluator = self._evaluator(w.rule, started, carry=w.evaluator)
             if watched is None:
                 if not rules.get(job_id):
                     continue
@@ -236,10 +236,15 @@ class RuleWatcher:
             if not watched.rules:
                 self.jobs.pop(job_id, None)
 
-    def _evaluator(self, rule: JobRule, started_at: float, *, state: str | None = None) -> Evaluator:
+    def _evaluator(self, rule: JobRule, started_at: float, *, carry: Evaluator | None = None) -> Evaluator:
+        """The rule's evaluator; its state (and whether it ever had data) carried from the one it
+        replaces, else from the stored rule (a state changed once means it had data once)."""
         spec = {"name": rule.name, "type": rule.type, "parameters": rule.parameters, "actions": rule.actions,
                 "enabled": rule.enabled}
-        return evaluator(spec, started_at=started_at, state=state or rule.state)
+        if carry is not None:
+            return evaluator(spec, started_at=started_at, state=carry.state, had_data=carry.had_data)
+        return evaluator(spec, started_at=started_at, state=rule.state,
+                         had_data=rule.state != INSUFFICIENT_DATA or rule.state_changed_at is not None)
 
     def _sync_rules(self, watched: WatchedJob, rules: list[JobRule]) -> None:
         wanted = {rule.pk: rule for rule in rules}
@@ -251,7 +256,7 @@ class RuleWatcher:
                 continue
             try:
                 # A changed definition starts a fresh window; the state carries over.
-                ev = self._evaluator(rule, watched.started_at, state=current.evaluator.state if current else None)
+                ev = self._evaluator(rule, watched.started_at, carry=current.evaluator if current else None)
             except Exception:  # noqa: BLE001 - a rule stored before a check changed must not stop the others
                 log.exception("job %s rule %s: cannot be evaluated", rule.job_id, rule.name)
                 continue

@@ -442,6 +442,21 @@ def test_custom_missing_data_policy_missing():
     assert steps_and_states(ev.observe(curve("m", {300: 5.0, 310: 5.0}))) == [(300, OK), (310, ALARM)]
 
 
+def test_a_rule_whose_data_went_missing_does_not_say_at_the_end_it_never_got_data():
+    # Found by a new user: OK, then INSUFFICIENT_DATA when m stopped coming, then the job's
+    # end recorded "the job ended before this rule got data" though it had judged two points.
+    ev = make(missing_rule("missing"))
+    ev.observe(curve("m", {10: 0.0, 20: 0.0}))
+    assert steps_and_states(ev.tick(T0 + 200)) == [(None, INSUFFICIENT_DATA)]
+    assert ev.tick(T0 + 300, finished=True) == []
+    assert ev.reason.startswith("no datapoint in the last 2 period(s)")
+    # A watcher restarted on such a rule knows it too (the engine is told it had data).
+    restored = evaluator(check_rule(missing_rule("missing")), started_at=T0, state=INSUFFICIENT_DATA, had_data=True)
+    assert restored.tick(T0 + 300, finished=True) == []
+    [record] = make(missing_rule("missing")).tick(T0 + 300, finished=True)
+    assert record.values["never_got_data"] is True
+
+
 def test_custom_missing_data_policy_breaching():
     ev = make(missing_rule("breaching"))
     ev.observe(curve("m", {10: 0.0, 20: 0.0}))
