@@ -126,7 +126,8 @@ def channel_delete(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
 def channel_test(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
     channel = _admin_channel(request, slug, pk)
     delivery = notify.send_test(channel, signed_in(request.user))
-    messages.success(request, f"Test delivery {delivery.pk} to “{channel.name}” queued; its outcome appears below.")
+    disabled = "" if channel.enabled else " (the channel is disabled: this test goes to it, alarms do not until you enable it)"
+    messages.success(request, f"Test delivery {delivery.pk} to “{channel.name}” queued{disabled}; its outcome appears below.")
     return redirect("notification-channels", slug=slug)
 
 
