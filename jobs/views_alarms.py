@@ -21,12 +21,13 @@ def alarms(request: HttpRequest) -> HttpResponse:
     errors: dict[str, str] = {}
     state = request.GET.get("state") or RuleState.ALARM
     if state not in RuleState.values:
-        errors["state"] = f"Unknown state {state[:50]!r}: use one of {', '.join(RuleState.values)}."
+        errors["state"] = (f"Unknown state {state[:50]!r}: use one of {', '.join(RuleState.values)}. "
+                           "Shown below: the rules in ALARM.")
         state = RuleState.ALARM
     # ?finished=true as the API takes it (?all=1: the page's older links).
     finished = (request.GET.get("finished") or "").lower()
     if finished not in ("", "true", "false", "1", "0"):
-        errors["finished"] = f"finished is true or false, not {finished[:50]!r}."
+        errors["finished"] = f"finished is true or false, not {finished[:50]!r}. Shown below: running jobs only."
     include_finished = finished in ("true", "1") or request.GET.get("all") == "1"
     project = current_project(request)
     projects = Project.objects.readable_by(request.user)

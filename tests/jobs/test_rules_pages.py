@@ -49,7 +49,7 @@ def test_the_alarms_page_lists_what_is_firing_in_readable_projects_only(client, 
     assert 'data-rule="calm"' in ok and 'data-rule="hot"' not in ok
     bad = client.get("/alarms/?state=<bad>")  # a 400 that says so, listing the defaults below it, escaped
     assert bad.status_code == 400 and "Unknown state &#x27;&lt;bad&gt;&#x27;" in bad.content.decode()
-    assert 'data-rule="hot"' in bad.content.decode()
+    assert 'data-rule="hot"' in bad.content.decode() and "Shown below: the rules in ALARM." in bad.content.decode()
     client.force_login(outsider)
     assert 'data-rule="secret-rule"' in client.get("/alarms/").content.decode()
 
