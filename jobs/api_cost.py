@@ -24,9 +24,19 @@ PRICE_HELP = "≥ 0 and at most {max}, up to 6 decimal places."
 
 
 # --- serializers ----------------------------------------------------------------------------------
+class _PriceField(serializers.DecimalField):
+    """A price: one that is too large is told the maximum ("Ensure this value is less than or
+    equal to 100000."), not how many digits the column holds."""
+
+    def validate_precision(self, value):
+        if self.max_value is not None and value > self.max_value:
+            self.fail("max_value", max_value=self.max_value)
+        return super().validate_precision(value)
+
+
 def price_field(help_text: str, **kwargs) -> serializers.DecimalField:
-    return serializers.DecimalField(max_digits=14, decimal_places=6, min_value=cost.ZERO, max_value=cost.MAX_PRICE,
-                                    help_text=f"{help_text} {PRICE_HELP.format(max=cost.MAX_PRICE)}", **kwargs)
+    return _PriceField(max_digits=14, decimal_places=6, min_value=cost.ZERO, max_value=cost.MAX_PRICE,
+                       help_text=f"{help_text} {PRICE_HELP.format(max=cost.MAX_PRICE)}", **kwargs)
 
 
 class InstancePriceSerializer(serializers.Serializer):

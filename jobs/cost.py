@@ -452,7 +452,7 @@ def month_bounds(month: str) -> tuple[datetime, datetime]:
         raise ValueError("Use YYYY-MM, e.g. 2026-12.")
     year, number = int(month[:4]), int(month[5:])
     if not 1 <= number <= 12 or year < 1970 or year > 9998:
-        raise ValueError("Use YYYY-MM with a month 01-12 and a year from 1970.")
+        raise ValueError("Use YYYY-MM with a month 01-12 and a year from 1970 to 9998.")
     start = datetime(year, number, 1, tzinfo=UTC)
     end = datetime(year + (number == 12), number % 12 + 1, 1, tzinfo=UTC)
     return start, end

@@ -20,9 +20,9 @@ from studio.views import page
 
 class PriceForm(forms.Form):
     instance_type = forms.CharField(max_length=64, help_text="As the nodes register it, e.g. cpu or gpu.")
-    price_per_node_hour = forms.DecimalField(max_digits=14, decimal_places=6, min_value=0, max_value=cost.MAX_PRICE,
+    price_per_node_hour = forms.DecimalField(decimal_places=6, min_value=0, max_value=cost.MAX_PRICE,
                                              label="Per node-hour")
-    price_per_gpu_hour = forms.DecimalField(max_digits=14, decimal_places=6, min_value=0, max_value=cost.MAX_PRICE,
+    price_per_gpu_hour = forms.DecimalField(decimal_places=6, min_value=0, max_value=cost.MAX_PRICE,
                                             required=False, label="Per GPU-hour", help_text="On top, per GPU of the node.")
     currency = forms.CharField(max_length=3, required=False, help_text="ISO 4217; the site's currency when left empty.")
 
@@ -39,13 +39,26 @@ class PriceForm(forms.Form):
         return value
 
 
-def _months_around(month: str, count: int = 12) -> list[str]:
-    """The month picker's choices: the chosen month and the `count` months before now."""
+MONTHS_LISTED = 120
+
+
+def _months_around(project: Project, month: str) -> list[str]:
+    """The month picker's choices, newest first: every month from the project's first launch
+    (or its creation, if earlier) to now, at least the last 12 and at most the last
+    MONTHS_LISTED, and the chosen month wherever it is."""
+    from django.db.models import Min
+
+    from jobs.models import JobAttempt
+
+    first = JobAttempt.objects.filter(job__project=project).aggregate(first=Min("started_at"))["first"]
+    oldest = cost.current_month(min(filter(None, [first, project.created_at])))
     now = cost.current_month()
     year, number = int(now[:4]), int(now[5:])
-    months = []
-    for _ in range(count):
+    months: list[str] = []
+    while len(months) < MONTHS_LISTED:
         months.append(f"{year:04d}-{number:02d}")
+        if months[-1] <= oldest and len(months) >= 12:
+            break
         year, number = (year - 1, 12) if number == 1 else (year, number - 1)
     if month not in months:
         months.append(month)
@@ -68,10 +81,10 @@ def project_spend_page(request: HttpRequest, slug: str) -> HttpResponse:
         bad, month = month, cost.current_month()
         spend = cost.project_spend(project, month)
         return render(request, "jobs/spend.html", {"project": project, "spend": spend, "month": month, "bad_month": bad,
-                                                   "month_error": error, "months": _months_around(month)}, status=400)
+                                                   "month_error": error, "months": _months_around(project, month)}, status=400)
     spend = cost.project_spend(project, month)
     return render(request, "jobs/spend.html", {"project": project, "spend": spend, "month": month,
-                                               "months": _months_around(month)})
+                                               "months": _months_around(project, month)})
 
 
 def _render_prices(request: HttpRequest, project: Project, form: PriceForm | None, status: int = 200) -> HttpResponse:

@@ -338,6 +338,8 @@ def test_a_bad_price_is_a_400_naming_the_field(project, owner, client_for, value
                                      format="json")
     assert response.status_code == 400, response.content
     assert list(response.json()["error"]["fields"]) == ["price_per_node_hour"]
+    if value == "1e9":  # one message, naming the maximum (it also said how many digits the column holds)
+        assert response.json()["error"]["fields"]["price_per_node_hour"] == ["Ensure this value is less than or equal to 100000."]
     assert not InstancePrice.objects.exists()
 
 

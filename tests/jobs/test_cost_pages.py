@@ -121,6 +121,19 @@ def test_the_spend_page_has_a_month_picker_and_tables_by_type_and_user_with_name
 
     bad = client.get(f"/projects/{project.slug}/spend/?month=2026-13")
     assert bad.status_code == 400 and 'id="month-error"' in bad.content.decode()
+    far = client.get(f"/projects/{project.slug}/spend/?month=9999-01").content.decode()
+    assert "a year from 1970 to 9998" in far, "the message states both bounds"
+
+
+def test_the_month_picker_reaches_back_to_the_projects_first_launch(project, owner):
+    # It offered the last 12 months only: a launch of 20 months ago had no choice in the menu.
+    _ran(_job(project, owner, status=JobStatus.COMPLETED, attempt=1, finished_at=timezone.now()), attempt=1,
+         seconds=600, price="1", ended_ago=20 * 31 * 86400)
+    html = _signed_in(owner).get(f"/projects/{project.slug}/spend/").content.decode()
+    picker = html[html.index('id="month-picker"'):html.index("</select>", html.index('id="month-picker"'))]
+    first = JobAttempt.objects.get().started_at
+    assert f'<option value="{first:%Y-%m}">' in picker
+    assert 20 <= picker.count("<option") <= 22
 
 
 def test_the_spend_page_is_hidden_from_outsiders(project, outsider):
@@ -155,6 +168,7 @@ def test_bad_input_on_the_prices_page_is_a_form_error_on_its_field(project, owne
     html = page.content.decode()
     start = html.index(f'data-field="{field}"')
     assert 'class="field-error"' in html[start:start + 1500]
+    assert html[start:start + 1500].count('class="field-error"') == 1, "one message per field"
     assert "<script>" not in html.split('id="price-form"')[1].split("</form>")[0], "escaped"
     assert not InstancePrice.objects.exists()
 
