@@ -88,7 +88,7 @@ def test_the_python_client_runs_waits_and_reads_logs_and_metrics(running_studio,
 
 
 def test_jobs_list_show_logs_and_json(running_studio, cli):
-    submitted = cli("run", str(SCRIPTS / "failing" / "train.py"), "--name", "listed", "--json",
+    submitted = cli("run", str(SCRIPTS / "failing" / "train.py"), "--name", "listed", "--json", "--tag", "nightly",
                     "--rule", '{"type": "stalled", "name": "quiet", "parameters": {"threshold_seconds": 600}}')
     assert submitted.returncode == 0, submitted.stderr
     job_id = json.loads(submitted.stdout)["id"]
@@ -99,6 +99,7 @@ def test_jobs_list_show_logs_and_json(running_studio, cli):
     assert [row["name"] for row in json.loads(listed.stdout)] == ["listed"]
     shown = cli("jobs", "show", str(job_id))
     assert "epochs must be positive, got -1" in shown.stdout and "Failed" in shown.stdout
+    assert re.search(r"^tags +nightly *$", shown.stdout, re.M), shown.stdout
     # Its rules (the default non_finite and --rule's), with their states.
     assert re.search(r"^non_finite +non_finite +\w+", shown.stdout, re.M), shown.stdout
     assert re.search(r"^quiet +stalled +\w+", shown.stdout, re.M), shown.stdout

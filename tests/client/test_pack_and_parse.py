@@ -141,3 +141,16 @@ def test_a_job_a_rule_stopped_says_which_rule_and_what_it_saw():
     assert summary(Job(None, data)) == "job 7 Stopped: RuleTriggered (rule non_finite: train_loss was NaN at step 12 (rank 0))"  # type: ignore[arg-type]
     assert summary(Job(None, {**data, "stop_rule": "", "stop_reason": "MaxRuntimeExceeded"})) == (  # type: ignore[arg-type]
         "job 7 Stopped: MaxRuntimeExceeded")
+
+
+def test_costs_print_to_the_cent_and_times_to_the_second():
+    # `jobs show` printed the API's "0.354167 USD" and `alarms` an ISO time with microseconds
+    # that the terminal's columns cut: both as the pages show them.
+    from trainyard.client.cli import cost_text, moment
+
+    assert cost_text({"cost": "0.354167", "currency": "USD"}) == "0.35 USD"
+    assert cost_text({"cost": "1.005", "currency": "EUR", "projected_cost": "12.499"}) == "1.01 EUR, projected 12.50"
+    assert cost_text({"cost": None}) is None
+    assert moment("2026-12-05T12:30:01.123456Z") == "2026-12-05 12:30:01 UTC"
+    assert moment("2026-12-05T13:30:01+01:00") == "2026-12-05 12:30:01 UTC"
+    assert moment("not a time") == "not a time" and moment(None) is None

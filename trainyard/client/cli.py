@@ -12,6 +12,8 @@ import json
 import socket
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -336,11 +338,12 @@ def jobs_show(job_id: int, as_json: bool) -> None:
              ("failure_reason", data.get("failure_reason")), ("stop_reason", data.get("stop_reason")),
              ("stop_rule", data.get("stop_rule")),
              ("waiting_reason", data.get("waiting_reason")), ("final_metrics", json.dumps(data.get("final_metrics") or {})),
+             ("tags", ", ".join(str(tag) for tag in data.get("tags") or [])),
              ("model_uri", data.get("model_uri")), ("cost", cost_text(data)),
              ("billable_time_seconds", data.get("billable_time_seconds")),
              ("training_time_seconds", data.get("training_time_seconds"))]
     out.print(table(["job", str(job.id)], [[k, v] for k, v in facts if v not in (None, "")]))
-    out.print(table(["at", "status", "message"], [[e["at"], e["status"], e["message"]] for e in data.get("timeline") or []]))
+    out.print(table(["at", "status", "message"], [[moment(e["at"]), e["status"], e["message"]] for e in data.get("timeline") or []]))
     if data.get("rules"):
         out.print(table(["rule", "type", "state", "reason"],
                         [[r["name"], r["type"], r["state"] if r.get("enabled", True) else "off", r.get("state_reason")]
@@ -351,14 +354,36 @@ def job_label(job: Any) -> str:
     return f"{job.get('id')} {job.get('name', '')} ({job.get('status', '')})" if isinstance(job, dict) else str(job or "")
 
 
+def money(amount: Any) -> str:
+    """A cost as the pages show it, to the cent ("0.354167" → "0.35"); what is not a number as is."""
+    try:
+        return str(Decimal(str(amount)).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP))
+    except (InvalidOperation, ValueError):
+        return str(amount)
+
+
 def cost_text(data: dict[str, Any]) -> str | None:
     """"0.35 USD", with the projection while it runs ("0.35 USD, projected 2.10")."""
     cost = data.get("cost")
     if cost in (None, ""):
         return None
-    text = f"{cost} {data.get('currency') or ''}".strip()
+    text = f"{money(cost)} {data.get('currency') or ''}".strip()
     projected = data.get("projected_cost")
-    return text + (f", projected {projected}" if projected not in (None, "") else "")
+    return text + (f", projected {money(projected)}" if projected not in (None, "") else "")
+
+
+def moment(text: Any) -> str | None:
+    """An API time ("2026-12-05T12:30:01.123456Z") to the second, in UTC, as a column can
+    hold it ("2026-12-05 12:30:01 UTC"); what does not parse as is."""
+    if not text:
+        return None
+    try:
+        at = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    except ValueError:
+        return str(text)
+    if at.tzinfo is not None:
+        at = at.astimezone(UTC)
+    return at.strftime("%Y-%m-%d %H:%M:%S") + (" UTC" if at.tzinfo is not None else "")
 
 
 @cli.command()
@@ -376,7 +401,7 @@ def alarms(project: str | None, state: str | None, finished: bool, as_json: bool
         out.print("no rule is " + (state or "ALARM") + (" on a running job" if not finished else ""), highlight=False)
         return
     out.print(table(["job", "rule", "type", "state", "since", "reason"],
-                    [[job_label(r.get("job")), r["name"], r["type"], r["state"], r.get("state_changed_at"),
+                    [[job_label(r.get("job")), r["name"], r["type"], r["state"], moment(r.get("state_changed_at")),
                       r.get("state_reason")]
                      for r in rows]))
 
