@@ -64,5 +64,6 @@ def job_rules_panel(context: template.Context, job: TrainingJob) -> SafeString:
     return mark_safe(render_to_string("jobs/_rules.html", {  # noqa: S308 - the template escapes every value
         "job": job, "rows": rows, "transitions": transitions, "marks": marks, "refused": refused,
         "firing": sum(1 for r in rules if r.state == RuleState.ALARM and r.enabled),
+        "finished": job.is_finished(),
         "can_edit": bool(context.get("can_write")) and not job.is_finished(),
         "types": [(t, DEFAULTS_SHOWN.get(t, "")) for t in RULE_TYPES]}, request=request))

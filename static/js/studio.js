@@ -74,7 +74,7 @@
 
   document.addEventListener("DOMContentLoaded", function () {
     refreshTimes();
-    window.setInterval(refreshTimes, 30000);
+    window.setInterval(refreshTimes, 5000);  // the phrases count seconds
   });
   // Fragments swapped in by htmx (the validation status) carry their own times.
   document.addEventListener("htmx:afterSwap", function (event) { refreshTimes(event.target); });

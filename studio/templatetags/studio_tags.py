@@ -9,6 +9,7 @@ import json
 import math
 import re
 from datetime import datetime
+from decimal import Decimal, InvalidOperation
 
 from django import template
 from django.utils import timezone
@@ -98,7 +99,7 @@ def relative_phrase(moment: datetime, now: datetime | None = None) -> str:
 def reltime(moment: datetime | None) -> SafeString | str:
     """`{{ job.created_at|reltime }}` → "3 min ago", with the exact time on hover.
 
-    studio.js re-renders the phrase every 30 s from the datetime attribute, so a page
+    studio.js re-renders the phrase every 5 s from the datetime attribute, so a page
     left open does not keep saying "just now"."""
     if moment is None:
         return "—"
@@ -139,6 +140,21 @@ def number(value: int | float | None) -> str:
             return f"{int(value):,}"
         return f"{value:,.4g}" if abs(value) >= 1e-3 or value == 0 else f"{value:.3e}"
     return str(value)
+
+
+@register.filter
+def price(value: object) -> str:
+    """A price as costs are shown: to the cent at least ("0.00", "1.50"), with the further
+    decimals it has up to six ("0.125", "0.000417"); "—" for none."""
+    if value is None or value == "":
+        return "—"
+    try:
+        amount = Decimal(str(value)).quantize(Decimal("0.000001"))
+    except (InvalidOperation, ValueError):
+        return str(value)
+    text = f"{amount:f}".rstrip("0")
+    whole, _, decimals = text.partition(".")
+    return f"{whole}.{decimals.ljust(2, '0')}"
 
 
 @register.filter

@@ -281,3 +281,20 @@ def test_a_finished_one_rank_jobs_log_keeps_the_launchers_notes(live_server, sci
     page.reload()
     page.locator("#log .log-line").first.wait_for()
     assert page.locator("#log .log-line").all_inner_texts() == ["step 1 loss 0.5"]
+
+
+def test_relative_times_keep_up_by_the_second(live_server, scientist, project, ready_version, browser_page):
+    # A new user watched "created 12 s ago" stay put for half a minute: the phrases were
+    # re-rendered every 30 s. Now every 5 s (a page clock the test moves on).
+    job = finished_job(project, scientist, ready_version, name="ticking", status=JobStatus.COMPLETED,
+                       hyperparameters={"epochs": 1}, final={}, curve=1.0)
+    TrainingJob.objects.filter(pk=job.pk).update(created_at=timezone.now())
+    page = browser_page
+    sign_in(page, live_server.url)
+    page.clock.install()
+    page.goto(f"{live_server.url}/jobs/{job.pk}/")
+    created = page.locator("time.reltime").first
+    assert created.inner_text() == "just now"
+    page.clock.run_for(12_000)
+    assert re.fullmatch(r"1[0-5] s ago", created.inner_text()), created.inner_text()
+    assert not page.console_errors

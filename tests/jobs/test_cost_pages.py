@@ -57,6 +57,7 @@ def test_the_job_page_shows_cost_billable_training_warm_and_each_attempt(project
     assert "1 h 30 min" in html, "billable, both attempts"
     assert 'id="job-warm-time"' in html and "30 min 00 s" in html
     assert 'data-attempt="1" data-cost="1.500000"' in html and 'data-attempt="2" data-cost="2.000000"' in html
+    assert '">1.50</td>' in html and '">2.00</td>' in html, "prices to the cent like the costs beside them"
     assert 'id="job-projected-cost"' not in html, "finished: no projection"
     assert f'href="/projects/{project.slug}/spend/"' in html
 
@@ -180,3 +181,13 @@ def test_a_viewer_sees_the_prices_but_cannot_set_them(project, viewer):
     refused = client.post(f"/projects/{project.slug}/prices/", {"instance_type": "cpu", "price_per_node_hour": "1"})
     assert refused.status_code == 403
     assert not InstancePrice.objects.exists()
+
+
+@pytest.mark.parametrize(("value", "shown"), [(Decimal("0"), "0.00"), (Decimal("1.5"), "1.50"), ("2", "2.00"),
+                                              (Decimal("0.125"), "0.125"), (Decimal("0.000417"), "0.000417"),
+                                              (Decimal("36.000000"), "36.00"), (None, "—"), ("n/a", "n/a")])
+def test_a_price_shows_to_the_cent_with_its_further_decimals(value, shown):
+    # The cost table printed a price of 0 as "0" beside a cost of "0.00".
+    from studio.templatetags.studio_tags import price
+
+    assert price(value) == shown

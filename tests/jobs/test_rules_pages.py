@@ -34,6 +34,17 @@ def test_the_job_page_shows_its_rules_the_strip_and_why_it_stopped(client, owner
     assert 'id="rule-marks"' in html  # the charts' marks
 
 
+def test_the_rules_header_says_watching_while_the_job_runs_and_watched_once_it_ended(client, owner, project):
+    running = make_job(project, name="on", submitted=True, status=JobStatus.TRAINING, started_at=timezone.now())
+    ended = make_job(project, name="off", submitted=True, status=JobStatus.COMPLETED, finished_at=timezone.now())
+    for job in (running, ended):
+        JobRule.objects.create(job=job, name="quiet", type="stalled", state=RuleState.OK)
+    client.force_login(owner)
+    assert "1 rule watching the metric stream" in client.get(f"/jobs/{running.pk}/").content.decode()
+    html = client.get(f"/jobs/{ended.pk}/").content.decode()
+    assert "1 rule watched the metric stream until the job ended" in html and "watching the metric stream" not in html
+
+
 def test_the_alarms_page_lists_what_is_firing_in_readable_projects_only(client, owner, outsider, project, other_project):
     mine = make_job(project, name="mine", submitted=True, status=JobStatus.TRAINING, started_at=timezone.now())
     theirs = make_job(other_project, name="theirs", submitted=True, status=JobStatus.TRAINING, started_at=timezone.now())
