@@ -19,7 +19,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from jobs.access import get_job_for_user
-from jobs.models import FINISHED_STATUSES, AlarmTransition, JobRule, RuleState
+from jobs.models import FINISHED_STATUSES, AlarmTransition, JobRule, RuleState, TrainingJob
 from jobs.rules.engine import RuleError
 from jobs.rules.store import RuleConflict, add_rule, delete_rule, update_rule
 from jobs.serializers import AlarmTransitionSerializer, RuleSerializer, RuleSpecSerializer
@@ -102,12 +102,12 @@ class JobRuleListView(PaginatedAPIView):
             raise ApiError('name: say which rule to change ("name", or "id").', fields={"name": ["This field is required."]})
         if rule is None:
             raise ApiError("The job has no such rule.", code="not_found", status_code=404)
-        return Response(RuleSerializer(_update(rule, body, job.is_finished())).data)
+        return Response(RuleSerializer(_update(rule, body, job)).data)
 
 
-def _update(rule: JobRule, body: dict, finished: bool) -> JobRule:
+def _update(rule: JobRule, body: dict, job: TrainingJob) -> JobRule:
     try:
-        return update_rule(rule, body, job_finished=finished)
+        return update_rule(rule, body, job_finished=job.is_finished(), project_id=job.project_id)
     except RuleError as exc:
         raise rule_error(exc) from exc
     except RuleConflict as exc:
@@ -117,12 +117,12 @@ def _update(rule: JobRule, body: dict, finished: bool) -> JobRule:
 
 
 class JobRuleDetailView(APIView):
-    def _rule(self, request: Request, pk: int, rule_id: int, *, write: bool = False) -> tuple[JobRule, bool]:
+    def _rule(self, request: Request, pk: int, rule_id: int, *, write: bool = False) -> tuple[JobRule, TrainingJob]:
         job = get_job_for_user(request.user, pk, write=write)
         rule = JobRule.objects.filter(job=job, pk=rule_id).first()
         if rule is None:
             raise ApiError("The job has no such rule.", code="not_found", status_code=404)
-        return rule, job.is_finished()
+        return rule, job
 
     @extend_schema(responses=RuleSerializer)
     def get(self, request: Request, pk: int, rule_id: int) -> Response:
@@ -131,14 +131,14 @@ class JobRuleDetailView(APIView):
 
     @extend_schema(request=RuleSpecSerializer, responses=RuleSerializer)
     def patch(self, request: Request, pk: int, rule_id: int) -> Response:
-        rule, finished = self._rule(request, pk, rule_id, write=True)
-        return Response(RuleSerializer(_update(rule, _body(request), finished)).data)
+        rule, job = self._rule(request, pk, rule_id, write=True)
+        return Response(RuleSerializer(_update(rule, _body(request), job)).data)
 
     @extend_schema(responses={204: None})
     def delete(self, request: Request, pk: int, rule_id: int) -> Response:
-        rule, finished = self._rule(request, pk, rule_id, write=True)
+        rule, job = self._rule(request, pk, rule_id, write=True)
         try:
-            delete_rule(rule, job_finished=finished)
+            delete_rule(rule, job_finished=job.is_finished())
         except RuleConflict as exc:
             raise conflict(str(exc)) from exc
         return Response(status=status.HTTP_204_NO_CONTENT)

@@ -43,6 +43,16 @@ class UserPattern:
     def __repr__(self) -> str:
         return f"UserPattern({self.pattern!r})"
 
+    def search(self, text: str) -> Any:
+        """The first match in `text` (as re.Pattern.search) within the time limit; raises
+        PatternTimeout past it."""
+        if self.required and self.required not in text:
+            return None
+        try:
+            return self.compiled.search(text, concurrent=True, timeout=MATCH_TIMEOUT_SECONDS)
+        except TimeoutError:
+            raise PatternTimeout(self.pattern) from None
+
 
 def required_literal(pattern: str) -> str:
     """The longest run of literal characters at the pattern's top level ("" when none, or when
@@ -67,13 +77,3 @@ def required_literal(pattern: str) -> str:
 def compile_pattern(pattern: str) -> UserPattern:
     """A user's pattern, compiled; raises `error` (with re's kind of message) when invalid."""
     return UserPattern(pattern)
-
-
-def search(compiled: UserPattern, text: str) -> Any:
-    """compiled.search(text) within the time limit; raises PatternTimeout past it."""
-    if compiled.required and compiled.required not in text:
-        return None
-    try:
-        return compiled.compiled.search(text, concurrent=True, timeout=MATCH_TIMEOUT_SECONDS)
-    except TimeoutError:
-        raise PatternTimeout(compiled.pattern) from None

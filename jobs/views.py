@@ -30,7 +30,7 @@ from datasets.pickers import ready_versions
 from datasets.storage import StorageError, download_response, join_uri, store_for
 from jobs.access import get_job_for_user
 from jobs.forms import DISTRIBUTION_HELP, JobForm, clone_initial
-from jobs.models import Distribution, JobAttempt, JobEvent, JobInput, JobStatus, Node, SystemMetric, TrainingJob
+from jobs.models import JobAttempt, JobEvent, JobInput, JobStatus, Node, SystemMetric, TrainingJob
 from jobs.reports import fsdp_report, partition_report
 from jobs.serializers import STOPPABLE
 from jobs.summary import key_metric, metric_sort_key
@@ -302,9 +302,6 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "job": job.pk,
             "status": job.status,
             "finished": job.is_finished(),
-            # Training processes report a partition or FSDP settings; the agent may store them
-            # moments after the final status, so the page looks once more then.
-            "expects_report": job.distribution in (Distribution.PIPELINE, Distribution.FSDP),
             "metric_names": declared_metric_names(job),
             "system": _system_samples(job),
             "stream_after": None if job.is_finished() else stream_start(job.pk),

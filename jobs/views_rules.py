@@ -17,16 +17,12 @@ from jobs.access import get_job_for_user
 from jobs.models import JobRule, TrainingJob
 from jobs.rules.engine import ACTION_TYPES, RuleError
 from jobs.rules.store import RuleConflict, add_rule, delete_rule, update_rule
+from jobs.templatetags.job_rules import form_key
 from studio.views import page
 
 
 def _back(pk: int, anchor: str = "rules-panel") -> HttpResponse:
     return redirect(reverse("job-detail", args=[pk]) + "#" + anchor)
-
-
-def form_key(pk: int) -> str:
-    """The session key of a refused Add-a-rule form (jobs.templatetags.job_rules shows it again)."""
-    return f"rule-add:{pk}"
 
 
 # The form's fields by the first part of a RuleError's path; the rest go above the form.
@@ -77,7 +73,7 @@ def _job_and_rule(request: HttpRequest, pk: int, rule_id: int) -> tuple[Training
 def rule_toggle(request: HttpRequest, pk: int, rule_id: int) -> HttpResponse:
     job, rule = _job_and_rule(request, pk, rule_id)
     try:
-        update_rule(rule, {"enabled": not rule.enabled}, job_finished=job.is_finished())
+        update_rule(rule, {"enabled": not rule.enabled}, job_finished=job.is_finished(), project_id=job.project_id)
     except (RuleError, RuleConflict) as exc:
         messages.error(request, str(exc))
     else:

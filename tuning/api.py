@@ -17,8 +17,13 @@ from studio.models import Project
 from tuning import actions
 from tuning.access import get_tuning_job_for_user
 from tuning.models import TuningJob
-from tuning.serializers import (TrialSerializer, TuningJobCreateSerializer, TuningJobSerializer,
-                                TuningJobSummarySerializer, trial_counts)
+from tuning.serializers import (
+    TrialSerializer,
+    TuningJobCreateSerializer,
+    TuningJobSerializer,
+    TuningJobSummarySerializer,
+    trial_counts,
+)
 
 # What the detail reads of every trial: the fields its rows show, so none is fetched per trial.
 TRIAL_FIELDS = (*TrialSerializer.Meta.fields, "tuning_job_id")

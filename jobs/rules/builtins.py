@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from jobs.patterns import PatternTimeout, compile_pattern, search
+from jobs.patterns import PatternTimeout, compile_pattern
 from jobs.rules.common import (
     _INF,
     ALARM,
@@ -48,7 +48,7 @@ class _NonFinite(Evaluator):
                 if len(matches) > 10000:
                     matches.clear()
                 try:
-                    match = search(self._pattern, name) is not None
+                    match = self._pattern.search(name) is not None
                 except PatternTimeout:  # a pattern that backtracks without end decides nothing: not watched
                     match = False
                 matches[name] = match

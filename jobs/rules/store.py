@@ -108,11 +108,11 @@ class RuleConflict(Exception):
     """The job is finished: its rules no longer change (a 409)."""
 
 
-def check_channels_exist(project_id: int, specs: Sequence[dict], *, paths: Sequence[str] | None = None) -> None:
+def check_channels_exist(project_id: int, specs: Sequence[dict], *, lone: bool = False) -> None:
     """Every channel a notify action names must be one of the project's (enabled or not: an
     admin may turn one off for a while): a misspelt name would send the alarm nowhere.
-    RuleError names the first unknown one under its spec's path (`paths[i]`, default
-    `rules[i]`): `rules[1].actions[0].channels[2]`; "" for a lone rule (`actions[0]…`)."""
+    RuleError names the first unknown one under its spec's path: `rules[1].actions[0].channels[2]`,
+    or `actions[0].channels[2]` for a `lone` rule (the rules API's body)."""
     from jobs.rules.engine import RuleError
     from studio.models import NotificationChannel
 
@@ -127,9 +127,9 @@ def check_channels_exist(project_id: int, specs: Sequence[dict], *, paths: Seque
     for index, position, where, name in named:
         if name in known:
             continue
-        base = paths[index] if paths is not None else f"rules[{index}]"
+        base = "" if lone else f"rules[{index}]."
         listed = ", ".join(repr(channel) for channel in sorted(known)[:20])
-        raise RuleError(f"{base}{'.' if base else ''}actions[{position}].channels[{where}]",
+        raise RuleError(f"{base}actions[{position}].channels[{where}]",
                         f"the project has no notification channel named {name!r}"
                         + (f"; its channels are {listed}." if listed else
                            "; it has none yet (a project admin adds them on the project's Notifications page)."))
@@ -143,7 +143,7 @@ def add_rule(job_id: int, raw: Any, *, job_finished: bool, project_id: int) -> J
     if job_finished:
         raise RuleConflict("The job has finished; rules can be added only to pending or running jobs.")
     spec = check_rule(raw)
-    check_channels_exist(project_id, [spec], paths=[""])
+    check_channels_exist(project_id, [spec], lone=True)
     if JobRule.objects.filter(job_id=job_id, name=spec["name"]).exists():
         raise RuleError("name", f"The job already has a rule named {spec['name']!r}; pick another name or PATCH that one.")
     return JobRule.objects.create(job_id=job_id, name=spec["name"], type=spec["type"], parameters=spec["parameters"],
@@ -155,14 +155,14 @@ def spec_of(rule: JobRule) -> dict:
             "enabled": rule.enabled}
 
 
-def update_rule(rule: JobRule, raw: Any, *, job_finished: bool) -> JobRule:
+def update_rule(rule: JobRule, raw: Any, *, job_finished: bool, project_id: int) -> JobRule:
     """Change a rule's parameters, actions, enabled or name (not its type); re-checked whole."""
     from jobs.rules.engine import RuleError, check_rule
 
     if job_finished:
         raise RuleConflict("The job has finished; its rules no longer change.")
     spec = check_rule(raw, partial=spec_of(rule))
-    check_channels_exist(rule.job.project_id, [spec], paths=[""])
+    check_channels_exist(project_id, [spec], lone=True)
     if spec["name"] != rule.name and JobRule.objects.filter(job_id=rule.job_id, name=spec["name"]).exists():
         raise RuleError("name", f"The job already has a rule named {spec['name']!r}.")
     rule.name, rule.parameters, rule.actions, rule.enabled = spec["name"], spec["parameters"], spec["actions"], spec["enabled"]

@@ -47,6 +47,12 @@ def _metric_of(t: AlarmTransition) -> str | None:
     return metric if isinstance(metric, str) else None
 
 
+def form_key(pk: int) -> str:
+    """The session key of a refused Add-a-rule form (jobs.views_rules keeps it, the panel shows
+    it again once)."""
+    return f"rule-add:{pk}"
+
+
 @register.simple_tag(takes_context=True)
 def job_rules_panel(context: template.Context, job: TrainingJob) -> SafeString:
     rules = list(JobRule.objects.filter(job=job).order_by("pk"))
@@ -59,8 +65,8 @@ def job_rules_panel(context: template.Context, job: TrainingJob) -> SafeString:
     request = context.get("request")
     refused = None
     session = getattr(request, "session", None)
-    if session is not None and f"rule-add:{job.pk}" in session:  # jobs.views_rules.form_key
-        refused = session.pop(f"rule-add:{job.pk}")
+    if session is not None and form_key(job.pk) in session:
+        refused = session.pop(form_key(job.pk))
     return mark_safe(render_to_string("jobs/_rules.html", {  # noqa: S308 - the template escapes every value
         "job": job, "rows": rows, "transitions": transitions, "marks": marks, "refused": refused,
         "firing": sum(1 for r in rules if r.state == RuleState.ALARM and r.enabled),

@@ -22,11 +22,11 @@ import pytest
 from django.utils import timezone
 
 from jobs.models import JobAttempt, JobRule, JobStatus, Node, RuleState, TrainingJob
+from studio import actions
+from studio.models import NotificationChannel, Role
 from tests.e2e.conftest import SCREENSHOTS
 from tests.e2e.test_job_pages import sign_in
 from tests.e2e.test_live_charts import FAKE_STREAM_JS
-from studio import actions
-from studio.models import NotificationChannel, Role
 from tests.factories import make_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

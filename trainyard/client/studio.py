@@ -156,7 +156,7 @@ class Studio:
 
     def alarms(self, **filters: Any) -> list[dict[str, Any]]:
         """Rules in ALARM on running jobs you can read (`project`, `state`, `finished="true"`)."""
-        return list(self.http.pages("/alarms/", **{k: v for k, v in filters.items() if v is not None}))
+        return list(self.http.pages("/alarms/", **filters))  # a None filter is dropped by http.get
 
     # --- datasets ---------------------------------------------------------------------------
     def datasets(self, project: str | None = None, search: str | None = None) -> list[dict[str, Any]]:

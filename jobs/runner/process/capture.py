@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from jobs.patterns import MATCH_TIMEOUT_SECONDS, PatternTimeout, compile_pattern, search
+from jobs.patterns import MATCH_TIMEOUT_SECONDS, PatternTimeout, compile_pattern
 from jobs.patterns import error as PatternError
 from trainyard.protocol import ACTIVE_METRIC_JOBS, LOG_STREAM_MAXLEN, LOGS_STREAM, METRICS_STREAM, key, metric_payload
 
@@ -76,7 +76,7 @@ class MetricRule:
 
     def match(self, text: str) -> tuple[float, int | None] | None:
         """(value, step or None) of a matching line; raises PatternTimeout (jobs.patterns)."""
-        found = search(self.pattern, text[:METRIC_MATCH_CHARS])
+        found = self.pattern.search(text[:METRIC_MATCH_CHARS])
         if found is None:
             return None
         try:
@@ -263,7 +263,6 @@ class OutputCapture:
         self._held: dict[str, list[tuple[str, float]]] = {}  # a launcher traceback read while stopping, per pipe
         self.lines = 0
         self._timeouts: dict[str, int] = {}  # per metric definition: lines its regex ran out of time on
-        self._dropped_rules: list[MetricRule] = []
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
 
@@ -353,8 +352,7 @@ class OutputCapture:
                 state.stderr_tail.append(text)
                 if TEARDOWN_ABORT in text:
                     self.teardown_abort_ranks.add(rank)
-            points = self._match_metrics(state, text) if rank != LAUNCHER_RANK else []
-            dropped, self._dropped_rules = self._dropped_rules, []
+            points, dropped = self._match_metrics(state, text) if rank != LAUNCHER_RANK else ([], [])
         for rule in dropped:
             self.note(f"metric {rule.name!r}: its regex {rule.pattern.pattern!r} ran out of time "
                       f"({METRIC_TIMEOUTS_ALLOWED} lines took over {MATCH_TIMEOUT_SECONDS} s each: it backtracks "
@@ -374,8 +372,11 @@ class OutputCapture:
             self.ranks[rank] = state
         return state
 
-    def _match_metrics(self, state: RankState, text: str) -> list[tuple[str, int, float]]:
+    def _match_metrics(self, state: RankState, text: str) -> tuple[list[tuple[str, int, float]], list[MetricRule]]:
+        """The line's points, and the definitions dropped on it (their regex ran out of time
+        once too often: matched against no further line)."""
         points = []
+        dropped: list[MetricRule] = []
         line_step: int | None = None
         for rule in self.rules:
             try:
@@ -383,7 +384,7 @@ class OutputCapture:
             except PatternTimeout:
                 self._timeouts[rule.name] = self._timeouts.get(rule.name, 0) + 1
                 if self._timeouts[rule.name] >= METRIC_TIMEOUTS_ALLOWED:
-                    self._dropped_rules.append(rule)
+                    dropped.append(rule)
                 continue
             if found is None:
                 continue
@@ -399,9 +400,9 @@ class OutputCapture:
             # `loss=nan` is what the rule non_finite is there to stop; the store and the live
             # view turn them into their own forms (the database keeps no NaN).
             points.append((rule.name, step, value))
-        if self._dropped_rules:
-            self.rules = [rule for rule in self.rules if rule not in self._dropped_rules]
-        return points
+        if dropped:
+            self.rules = [rule for rule in self.rules if rule not in dropped]
+        return points, dropped
 
     def stderr_tail(self, rank: int) -> list[str]:
         with self._lock:
