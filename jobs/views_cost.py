@@ -8,11 +8,13 @@ import re
 
 from django import forms
 from django.contrib import messages
+from django.db.models import Min
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
 from jobs import cost
 from jobs.api_cost import CURRENCY, INSTANCE_TYPE
+from jobs.models import JobAttempt
 from studio.access import check_role, get_project_for_user, role_allows, signed_in
 from studio.models import Project
 from studio.views import page
@@ -46,10 +48,6 @@ def _months_around(project: Project, month: str) -> list[str]:
     """The month picker's choices, newest first: every month from the project's first launch
     (or its creation, if earlier) to now, at least the last 12 and at most the last
     MONTHS_LISTED, and the chosen month wherever it is."""
-    from django.db.models import Min
-
-    from jobs.models import JobAttempt
-
     first = JobAttempt.objects.filter(job__project=project).aggregate(first=Min("started_at"))["first"]
     oldest = cost.current_month(min(filter(None, [first, project.created_at])))
     now = cost.current_month()

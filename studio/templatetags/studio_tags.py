@@ -9,7 +9,6 @@ import json
 import math
 import re
 from datetime import datetime
-from decimal import Decimal, InvalidOperation
 
 from django import template
 from django.utils import timezone
@@ -140,21 +139,6 @@ def number(value: int | float | None) -> str:
             return f"{int(value):,}"
         return f"{value:,.4g}" if abs(value) >= 1e-3 or value == 0 else f"{value:.3e}"
     return str(value)
-
-
-@register.filter
-def price(value: object) -> str:
-    """A price as costs are shown: to the cent at least ("0.00", "1.50"), with the further
-    decimals it has up to six ("0.125", "0.000417"); "—" for none."""
-    if value is None or value == "":
-        return "—"
-    try:
-        amount = Decimal(str(value)).quantize(Decimal("0.000001"))
-    except (InvalidOperation, ValueError):
-        return str(value)
-    text = f"{amount:f}".rstrip("0")
-    whole, _, decimals = text.partition(".")
-    return f"{whole}.{decimals.ljust(2, '0')}"
 
 
 @register.filter

@@ -188,6 +188,6 @@ def test_a_viewer_sees_the_prices_but_cannot_set_them(project, viewer):
                                               (Decimal("36.000000"), "36.00"), (None, "—"), ("n/a", "n/a")])
 def test_a_price_shows_to_the_cent_with_its_further_decimals(value, shown):
     # The cost table printed a price of 0 as "0" beside a cost of "0.00".
-    from studio.templatetags.studio_tags import price
+    from jobs.templatetags.job_cost import price
 
     assert price(value) == shown
