@@ -16,6 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView, exception_handler
 
 from studio.errors import ActionError
+from studio.parsers import field_path
 
 
 class PagePagination(PageNumberPagination):
@@ -95,22 +96,36 @@ def project_for_write(user: User, slug: str):
     return project
 
 
-def _flatten(detail: Any) -> Any:
-    if isinstance(detail, list):
-        flat = [_flatten(item) for item in detail]
-        return flat if any(isinstance(x, (dict, list)) for x in flat) else [str(x) for x in flat]
-    if isinstance(detail, dict):
-        return {key: _flatten(value) for key, value in detail.items()}
-    return str(detail)
+def field_messages(detail: Any) -> dict[str, list[str]]:
+    """A ValidationError's detail as the envelope's `fields`: {path: [message, ...]}, a
+    nested serializer's or list item's field by its path (`metric_definitions[1].regex`,
+    `tags[1]`, `environment.A`; docs/SPEC.md §6) rather than DRF's dicts within dicts keyed
+    by index, whose first message a client could not place. A nested serializer's own
+    non-field errors go to its path; the body's own to `non_field_errors`."""
+    fields: dict[str, list[str]] = {}
+
+    def walk(value: Any, where: str) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if key == "non_field_errors" and where:
+                    walk(item, where)
+                else:  # a ListField's item errors are keyed by int index, a DictField's by key
+                    walk(item, field_path(where, key, index=isinstance(key, int)))
+        elif isinstance(value, (list, tuple)) and any(isinstance(item, (dict, list, tuple)) for item in value):
+            for index, item in enumerate(value):  # a many=True serializer: one entry per item, {} if fine
+                walk(item, field_path(where, index, index=True))
+        else:
+            messages = value if isinstance(value, (list, tuple)) else [value]
+            fields.setdefault(where or "non_field_errors", []).extend(str(m) for m in messages)
+
+    walk(detail, "")
+    return fields
 
 
-def _first_message(fields: dict[str, Any]) -> str:
-    for name, value in fields.items():
-        while isinstance(value, (list, dict)) and value:
-            value = value[0] if isinstance(value, list) else next(iter(value.values()))
-        if name == "non_field_errors":
-            return str(value)
-        return f"{name}: {value}"
+def _first_message(fields: dict[str, list[str]]) -> str:
+    for name, messages in fields.items():
+        message = messages[0] if messages else "Invalid."
+        return message if name == "non_field_errors" else f"{name}: {message}"
     return "Invalid input."
 
 
@@ -148,7 +163,7 @@ def error_envelope_handler(exc: Exception, context: dict[str, Any]) -> Response 
         body = error_body(exc.error_code, str(exc.detail), exc.fields)
     elif isinstance(exc, exceptions.ValidationError):
         detail = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
-        fields = _flatten(detail)
+        fields = field_messages(detail)
         body = error_body("invalid", _first_message(fields), fields)
     else:
         message = str(exc.detail) if isinstance(exc, exceptions.APIException) else str(exc)

@@ -15,7 +15,7 @@ from rest_framework.parsers import DataAndFiles
 NUL = "\x00"
 
 
-def _path(where: str, key: Any, *, index: bool = False) -> str:
+def field_path(where: str, key: Any, *, index: bool = False) -> str:
     """A field's path as every error names it: keys dotted, list items by index in brackets
     (`rules[0].parameters.threshold`, as the rule checker writes them; `tags[1]`)."""
     if index:
@@ -31,7 +31,7 @@ def _first(data: Any, bad: Callable[[Any], bool], where: str = "") -> tuple[str,
         data = {name: "".join(data.getlist(name)) for name in data}
     if isinstance(data, dict):
         for key, value in data.items():
-            name = _path(where, key)
+            name = field_path(where, key)
             if bad(key):
                 return name, key
             found = _first(value, bad, name)
@@ -40,7 +40,7 @@ def _first(data: Any, bad: Callable[[Any], bool], where: str = "") -> tuple[str,
         return None
     if isinstance(data, (list, tuple)):
         for index, value in enumerate(data):
-            found = _first(value, bad, _path(where, index, index=True))
+            found = _first(value, bad, field_path(where, index, index=True))
             if found is not None:
                 return found
         return None

@@ -60,3 +60,28 @@ def test_schema_generates_without_warnings(db):
     from django.core.management import call_command
 
     call_command("spectacular", "--validate", "--fail-on-warn", "--file", "/dev/null")
+
+
+def test_a_list_items_or_nested_fields_error_is_keyed_by_its_path(owner, client_for):
+    """DRF reports a ListField item's error as {"tags": {1: [...]}} and a many=True
+    serializer's as a list of dicts; the envelope keys every message by its path (SPEC §6),
+    so the message names the item and `fields` stays {path: [messages]} as the schema says."""
+    client = client_for(owner)
+    base = {"project": "acme", "name": "j", "algorithm": "tabular-classifier"}
+    cases = [
+        ({"tags": ["ok", "x" * 101]}, {"tags[1]"}),
+        ({"environment": {"A": "x" * 10_001}}, {"environment.A"}),
+        ({"metric_definitions": [{"name": "loss", "regex": "loss=(\\S+)"}, {"name": "", "regex": "(("}]},
+         {"metric_definitions[1].name", "metric_definitions[1].regex"}),
+    ]
+    for extra, paths in cases:
+        response = client.post("/api/v1/jobs/", {**base, **extra}, format="json")
+        assert response.status_code == 400, response.content
+        error = response.json()["error"]
+        assert set(error["fields"]) == paths, error
+        assert all(isinstance(m, list) and m and all(isinstance(x, str) for x in m) for m in error["fields"].values())
+        assert error["message"].split(": ", 1)[0] in paths, error
+    response = client.post("/api/v1/tuning-jobs/", {"project": "acme", "name": "t", "warm_start_from": [1, -3, "a"]},
+                           format="json")
+    fields = response.json()["error"]["fields"]
+    assert "warm_start_from[1]" in fields and "warm_start_from[2]" in fields and "warm_start_from" not in fields
