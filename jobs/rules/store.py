@@ -11,11 +11,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connection, models, transaction
+from django.db.models import Max
 from django.utils import timezone
 
-from jobs.models import AlarmTransition, JobRule
+from jobs.models import AlarmTransition, JobRule, MetricChunk
 from jobs.rules.common import _json_safe as json_safe  # the engine's: NaN/±Inf as strings for jsonb
-from jobs.rules.engine import Transition, evaluator
+from jobs.rules.engine import ALARM, Transition, evaluator
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,31 @@ def _update_states(rules: list[JobRule]) -> None:
         cursor.executemany(sql, params)
 
 
+def _clock_alarm(t: Transition) -> bool:
+    """An alarm no point caused (stalled, max_init_time, budget, low GPU use, missing data):
+    it has no step of its own."""
+    return t.step is None and ALARM in (t.to_state, t.from_state) and t.from_state != t.to_state
+
+
+def _steps_reached(changes: Sequence[tuple[JobRule, Sequence[Transition]]]) -> dict[int, int]:
+    """The last step each job had stored, for the jobs with a clock alarm among `changes`:
+    one query over the jobs' chart chunks (a few thousand rows for a million points)."""
+    jobs = {rule.job_id for rule, transitions in changes if any(_clock_alarm(t) for t in transitions)}
+    if not jobs:
+        return {}
+    rows = MetricChunk.objects.filter(job_id__in=jobs).values("job_id").annotate(step=Max("last_step"))
+    return {row["job_id"]: row["step"] for row in rows if row["step"] is not None}
+
+
+def _with_step_reached(t: Transition, step: int | None) -> dict[str, Any]:
+    """A clock alarm's values with `step_reached`, the last step the job had reported: the
+    charts mark it there (a stall at the end of the curve). `step` stays None: no point
+    caused it."""
+    if step is None or not _clock_alarm(t) or not isinstance(t.values, dict):
+        return t.values
+    return {**t.values, "step_reached": step}
+
+
 def record_many(changes: Sequence[tuple[JobRule, Sequence[Transition]]]) -> list[AlarmTransition]:
     """record() for several rules at once — what one watcher cycle caused, in one
     transaction: one INSERT of every transition and one UPDATE of the rules' states. Then
@@ -68,10 +94,12 @@ def record_many(changes: Sequence[tuple[JobRule, Sequence[Transition]]]) -> list
     from jobs.rules.actions import take_actions
 
     now = timezone.now()
+    reached = _steps_reached(changes)
     with transaction.atomic():
         rows = AlarmTransition.objects.bulk_create([
             AlarmTransition(rule_id=rule.pk, job_id=rule.job_id, from_state=t.from_state, to_state=t.to_state,
-                            at=moment(t.at), step=t.step, reason=t.reason[:4000], values=json_safe(t.values))
+                            at=moment(t.at), step=t.step, reason=t.reason[:4000],
+                            values=json_safe(_with_step_reached(t, reached.get(rule.job_id))))
             for rule, transitions in changes for t in transitions])
         rules: dict[int, JobRule] = {}
         for rule, transitions in changes:

@@ -47,6 +47,15 @@ def _metric_of(t: AlarmTransition) -> str | None:
     return metric if isinstance(metric, str) else None
 
 
+def _step_of(t: AlarmTransition) -> int | None:
+    """Where the charts mark the transition: the step of the point that caused it, or for an
+    alarm of the clock (stalled, budget, …) the last step the job had reported then."""
+    if t.step is not None:
+        return t.step
+    reached = t.values.get("step_reached") if isinstance(t.values, dict) else None
+    return reached if isinstance(reached, int) and not isinstance(reached, bool) else None
+
+
 def form_key(pk: int) -> str:
     """The session key of a refused Add-a-rule form (jobs.views_rules keeps it, the panel shows
     it again once)."""
@@ -57,8 +66,10 @@ def form_key(pk: int) -> str:
 def job_rules_panel(context: template.Context, job: TrainingJob) -> SafeString:
     rules = list(JobRule.objects.filter(job=job).order_by("pk"))
     transitions = list(AlarmTransition.objects.filter(job=job).select_related("rule").order_by("-at", "-pk")[:STRIP_LENGTH])
+    for t in transitions:
+        t.step_reached = None if t.step is not None else _step_of(t)  # type: ignore[attr-defined]
     marks: list[dict[str, Any]] = [
-        {"rule": t.rule.name, "to": t.to_state, "from": t.from_state, "step": t.step, "at": t.at.isoformat(),
+        {"rule": t.rule.name, "to": t.to_state, "from": t.from_state, "step": _step_of(t), "at": t.at.isoformat(),
          "reason": t.reason[:300], "metric": _metric_of(t)}
         for t in reversed(transitions) if t.to_state == RuleState.ALARM or t.from_state == RuleState.ALARM]
     rows = [{"rule": r, "badge": STATE_BADGES.get(r.state, "grey"), "actions": action_words(r.actions)} for r in rules]

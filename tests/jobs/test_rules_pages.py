@@ -101,3 +101,37 @@ def test_a_scientist_adds_switches_and_deletes_a_rule_on_the_job_page(client, te
     client.post(f"/jobs/{job.pk}/rules/{rule.pk}/delete/")
     assert not JobRule.objects.filter(pk=rule.pk).exists()
     assert client.get(f"/jobs/{job.pk}/rules/add/").status_code == 405
+
+
+def test_a_clock_alarm_is_marked_on_the_charts_at_the_last_step_the_job_reported(client, owner, project):
+    """stalled, budget, max_init_time and low GPU use fire on the clock, not on a point: the
+    stored transition keeps step None and notes the step the job had reached, where the
+    charts mark it (they drew no mark at all: the mark needs a step)."""
+    import json
+    import time
+
+    from jobs.models import MetricChunk
+    from jobs.rules.engine import Transition
+    from jobs.rules.store import record
+
+    job = make_job(project, name="quiet", submitted=True, status=JobStatus.TRAINING, started_at=timezone.now())
+    for name, last in (("loss", 40), ("val_loss", 55)):
+        MetricChunk.objects.create(job=job, name=name, chunk=0, count=3, first_step=1, first_value=1.0, last_step=last,
+                                   last_value=0.5)
+    other = make_job(project, name="busy", submitted=True, status=JobStatus.TRAINING, started_at=timezone.now())
+    MetricChunk.objects.create(job=other, name="loss", chunk=9, count=1, first_step=2400, first_value=1.0,
+                               last_step=2400, last_value=0.5)
+    stalled = JobRule.objects.create(job=job, name="stalled", type="stalled", state=RuleState.OK)
+    curve = JobRule.objects.create(job=job, name="nan", type="non_finite", state=RuleState.OK)
+    now = time.time()
+    [row] = record(stalled, [Transition("OK", "ALARM", now, "no metric or log line for 31 s (limit 30 s)",
+                                        {"silent_seconds": 31.0}, None)])
+    assert row.step is None and row.values == {"silent_seconds": 31.0, "step_reached": 55}
+    [point] = record(curve, [Transition("OK", "ALARM", now, "loss was NaN at step 7", {"metric": "loss"}, 7)])
+    assert point.step == 7 and "step_reached" not in point.values
+    client.force_login(owner)
+    html = client.get(f"/jobs/{job.pk}/").content.decode()
+    marks = json.loads(re.search(r'<script id="rule-marks" type="application/json">(.*?)</script>', html, re.S)[1])
+    assert {(m["rule"], m["step"], m["metric"]) for m in marks} == {("stalled", 55, None), ("nan", 7, "loss")}
+    strip = re.search(r'<ol class="events-strip" id="rule-events">(.*?)</ol>', html, re.S)[1]
+    assert "stalled</span> after step 55" in strip and "nan</span> at step 7" in strip
