@@ -21,7 +21,7 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from jobs.models import JobAttempt, JobRule, JobStatus, Node, RuleState, TrainingJob
+from jobs.models import AlarmTransition, JobAttempt, JobRule, JobStatus, MetricPoint, Node, RuleState, TrainingJob
 from studio import actions
 from studio.models import NotificationChannel, Role
 from tests.e2e.conftest import SCREENSHOTS
@@ -188,4 +188,34 @@ def test_long_names_the_cost_table_and_node_versions_fit_the_page(live_server, s
             assert table.evaluate("t => t.parentElement.scrollWidth <= t.parentElement.clientWidth"), (path, table.evaluate("t => [t.scrollWidth, t.offsetWidth, t.parentElement.scrollWidth, t.parentElement.clientWidth]"))
         page.screenshot(path=str(SCREENSHOTS / f"trainyard-{path.strip('/').split('/')[-1].split('?')[0]}-long-names.png"),
                         full_page=True)
+    assert not page.console_errors, page.console_errors
+
+
+def test_a_stall_is_marked_on_every_chart_at_the_last_step_reported(live_server, scientist, project, browser_page):
+    """A clock alarm has no step of its own: the charts mark it where the curve stopped
+    (values.step_reached), and a point's alarm on its own metric's chart only."""
+    page = browser_page
+    job = make_job(project, name="went-quiet", algorithm="tabular-classifier", created_by=scientist,
+                   status=JobStatus.STOPPED, stop_reason="RuleTriggered", stop_rule="stalled", attempt=1,
+                   started_at=timezone.now() - timedelta(minutes=5), finished_at=timezone.now())
+    now = timezone.now()
+    MetricPoint.objects.bulk_create([MetricPoint(job=job, name=name, step=step, value=1 / (step + 1), time=now)
+                                     for name in ("loss", "accuracy") for step in range(0, 56, 5)])
+    stalled = rule(job, "stalled", RuleState.ALARM, "no metric or log line for 12 s (limit 10 s)")
+    AlarmTransition.objects.create(rule=stalled, job=job, from_state="OK", to_state="ALARM", step=None,
+                                   reason="no metric or log line for 12 s (limit 10 s)",
+                                   values={"silent_seconds": 12.0, "step_reached": 55})
+    spike = rule(job, "spike", RuleState.ALARM, "loss above 0.5", type="custom",
+                 parameters={"metric": "loss", "threshold": 0.5, "comparison": ">"})
+    AlarmTransition.objects.create(rule=spike, job=job, from_state="OK", to_state="ALARM", step=20,
+                                   reason="loss above 0.5", values={"metric": "loss"})
+    sign_in(page, live_server.url)
+    page.goto(f"{live_server.url}/jobs/{job.pk}/")
+    marks = """name => { const div = document.querySelector(`#charts .chart[data-metric="${name}"]`);
+        return div && div.layout ? (div.layout.shapes || []).map(s => s.x0).sort((a, b) => a - b) : null; }"""
+    page.wait_for_function(f"() => ({marks})('loss') && ({marks})('loss').length === 2", timeout=15_000)
+    assert page.evaluate(f"() => ({marks})('loss')") == [20, 55]
+    assert page.evaluate(f"() => ({marks})('accuracy')") == [55]
+    assert "after step 55" in page.locator("#rule-events li", has_text="stalled").inner_text()
+    page.screenshot(path=str(SCREENSHOTS / "trainyard-job-stall-mark.png"), full_page=True)
     assert not page.console_errors, page.console_errors
