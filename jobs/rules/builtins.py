@@ -234,6 +234,10 @@ class _Stalled(Evaluator):
     def waiting_for(self) -> str:
         return f"the clock: ALARM after {_fmt(self.params['threshold_seconds'])} s without a metric point or log line"
 
+    def _resume(self, at: float) -> None:
+        if at > self._last_activity:
+            self._last_activity = at
+
     def _on_points(self, batch: _Batch, out: list[Transition]) -> None:
         self._on_activity(batch.max_time, out)
 
@@ -260,6 +264,12 @@ class _MaxInitTime(Evaluator):
 
     def waiting_for(self) -> str:
         return f"the first step (ALARM if none within {_fmt(self.params['threshold_seconds'])} s of the start)"
+
+    def _resume(self, at: float) -> None:
+        # OK or ALARM: decided while another watcher watched (the first step came, or came
+        # late, or never came in time); the steps this one sees are not the first.
+        if self.state != INSUFFICIENT_DATA and self._first_step_at is None:
+            self._first_step_at = self.started_at
 
     def _on_points(self, batch: _Batch, out: list[Transition]) -> None:
         self._first_step(batch.min_time, out)

@@ -34,6 +34,10 @@ class _Custom(Evaluator):
         self._last_step: float = -_INF
         self._last_data_at = self.started_at
 
+    def _resume(self, at: float) -> None:
+        if at > self._last_data_at:  # missing data is counted from here, not from the job's start
+            self._last_data_at = at
+
     def wanted_metrics(self) -> list[str]:
         return [self.params["metric"]]
 

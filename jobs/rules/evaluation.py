@@ -250,6 +250,19 @@ class Evaluator:
         self._on_tick(float(now), cost, projected_cost, first_step_at, out)
         return out
 
+    def resume(self, at: float) -> None:
+        """The watcher takes up a job already running (after its own restart, a change of
+        leader, or for a rule added while the job runs): the clock-driven timers start at
+        `at`, the newest activity it knows of, not at the job's start, or a job two hours
+        in would read as two hours of silence (`stalled`, a custom rule's missing data) and a
+        first step long since decided as never come (`max_init_time`)."""
+        at = float(at)
+        if _isfinite(at):
+            self._resume(at)
+
+    def _resume(self, at: float) -> None:
+        pass
+
     def waiting_for(self) -> str:
         """What the rule needs before it can say OK or ALARM, for its INSUFFICIENT_DATA reason."""
         metrics = self.wanted_metrics()

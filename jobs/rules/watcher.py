@@ -94,6 +94,9 @@ class WatchedJob:
     started_at: float
     rules: dict[int, WatchedRule] = field(default_factory=dict)
     first_step_at: float | None = None
+    # The newest metric entry or log line seen (their stream ids' times): where a rule taken
+    # up while the job runs starts its clock (Evaluator.resume).
+    last_activity_at: float | None = None
     log_id: str = "0-0"
     system_id: str = "0-0"
     wants_gpu: bool = False
@@ -117,6 +120,10 @@ class WatchedJob:
         # The one watched metric as JSON writes a row's start ('["loss",') and its name ('"loss"').
         only = next(iter(self.names)) if len(self.names) == 1 else None
         self.span = (b"[" + json.dumps(only).encode() + b",", json.dumps(only).encode()) if only is not None else None
+
+    def saw_activity(self, at: float) -> None:
+        if self.last_activity_at is None or at > self.last_activity_at:
+            self.last_activity_at = at
 
     def waiting(self) -> bool:
         """A rule still waits for its first datum: it must see every point (its first one,
@@ -231,20 +238,25 @@ class RuleWatcher:
                     continue
                 watched = self.jobs[job_id] = WatchedJob(job_id=job_id, attempt=row["attempt"], started_at=started)
                 self._ensure_group(job_id)
-                self._start_activity(watched)
+                self._start_activity(watched)  # before the rules: their clocks resume at its newest activity
             self._sync_rules(watched, rules.get(job_id, []))
             if not watched.rules:
                 self.jobs.pop(job_id, None)
 
-    def _evaluator(self, rule: JobRule, started_at: float, *, carry: Evaluator | None = None) -> Evaluator:
+    def _evaluator(self, rule: JobRule, started_at: float, *, carry: Evaluator | None = None,
+                   resume_at: float | None = None) -> Evaluator:
         """The rule's evaluator; its state (and whether it ever had data) carried from the one it
-        replaces, else from the stored rule (a state changed once means it had data once)."""
+        replaces, else from the stored rule (a state changed once means it had data once), its
+        clock resumed at the job's newest activity (`resume_at`, else now: a restarted watcher
+        must not read the time since the job's start as silence)."""
         spec = {"name": rule.name, "type": rule.type, "parameters": rule.parameters, "actions": rule.actions,
                 "enabled": rule.enabled}
         if carry is not None:
             return evaluator(spec, started_at=started_at, state=carry.state, had_data=carry.had_data)
-        return evaluator(spec, started_at=started_at, state=rule.state,
-                         had_data=rule.state != INSUFFICIENT_DATA or rule.state_changed_at is not None)
+        ev = evaluator(spec, started_at=started_at, state=rule.state,
+                       had_data=rule.state != INSUFFICIENT_DATA or rule.state_changed_at is not None)
+        ev.resume(resume_at if resume_at is not None else time.time())
+        return ev
 
     def _sync_rules(self, watched: WatchedJob, rules: list[JobRule]) -> None:
         wanted = {rule.pk: rule for rule in rules}
@@ -256,7 +268,8 @@ class RuleWatcher:
                 continue
             try:
                 # A changed definition starts a fresh window; the state carries over.
-                ev = self._evaluator(rule, watched.started_at, carry=current.evaluator if current else None)
+                ev = self._evaluator(rule, watched.started_at, carry=current.evaluator if current else None,
+                                     resume_at=watched.last_activity_at)
             except Exception:  # noqa: BLE001 - a rule stored before a check changed must not stop the others
                 log.exception("job %s rule %s: cannot be evaluated", rule.job_id, rule.name)
                 continue
@@ -275,20 +288,19 @@ class RuleWatcher:
         self._grouped.add(job_id)
 
     def _start_activity(self, watched: WatchedJob) -> None:
-        """The latest log line and system sample so far: activity starts there, and only
-        newer ones are read."""
-        for stream, attr in ((LOGS_STREAM, "log_id"), (SYSTEM_STREAM, "system_id")):
+        """The latest log line and system sample so far: only newer ones are read. The newest
+        of it and of the metric entries (read or not) is the job's last activity."""
+        for stream, attr in ((LOGS_STREAM, "log_id"), (SYSTEM_STREAM, "system_id"), (METRICS_STREAM, None)):
             try:
                 last = self.redis.xrevrange(key(stream, watched.job_id), count=1)
             except redis.RedisError:
                 continue
             if last:
                 last_id: Any = last[0][0]
-                setattr(watched, attr, text(last_id))
-                if stream == LOGS_STREAM:
-                    at = entry_time(last_id)
-                    for w in watched.rules.values():
-                        w.evaluator.observe_activity(at)
+                if attr is not None:
+                    setattr(watched, attr, text(last_id))
+                if stream != SYSTEM_STREAM:
+                    watched.saw_activity(entry_time(last_id))
 
     # --- reading ---------------------------------------------------------------------
     def read(self, job_ids: list[int], block_ms: int) -> None:
@@ -347,6 +359,7 @@ class RuleWatcher:
                     continue
                 self.entries_seen += 1
                 at = entry_time(entry_id)
+                watched.saw_activity(at)
                 if watched.first_step_at is None:
                     watched.first_step_at = at
                 payload = fields.get(b"p", b"")
@@ -455,6 +468,7 @@ class RuleWatcher:
                 watched = self.jobs[logs[stream]]
                 watched.log_id = text(entries[-1][0])
                 at = entry_time(entries[-1][0])
+                watched.saw_activity(at)
                 for w in watched.rules.values():
                     w.evaluator.observe_activity(at)
             else:

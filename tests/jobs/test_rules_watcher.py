@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import timedelta
 
 import pytest
 from django.utils import timezone
@@ -400,3 +401,50 @@ def test_a_notify_that_reaches_no_channel_says_so_on_the_transition(project, wat
         {"type": "notify", "deliveries": [], "result": "not sent: ops is not an enabled channel of the project"},
     ], alarm.actions_taken
     assert not Delivery.objects.exists()
+
+
+def test_a_watcher_taking_up_a_long_running_job_does_not_read_its_age_as_silence(project, watcher):
+    """A restarted studio (or a new leader) found a job two hours in whose rules were OK:
+    stalled called the two hours since the start 'no metric or log line for 7200 s',
+    max_init_time 'no first step 7200 s after the start', and a custom rule's missing data
+    counted every period since the start — false alarms, with a stop as their action. Their
+    clocks now resume at the job's newest log line or metric entry."""
+    job = running_job(project, [
+        {"type": "stalled", "parameters": {"threshold_seconds": 2}, "actions": ["stop"]},
+        {"type": "max_init_time", "parameters": {"threshold_seconds": 600}, "actions": ["stop"]},
+        {"type": "custom", "name": "loss-gone", "parameters": {"metric": "loss", "threshold": 5, "missing_after_seconds": 60,
+                                                              "treat_missing_data": "breaching"}},
+    ])
+    TrainingJob.objects.filter(pk=job.pk).update(started_at=timezone.now() - timedelta(hours=2))
+    JobRule.objects.filter(job=job).update(state=RuleState.OK, state_changed_at=timezone.now() - timedelta(hours=2))
+    redis_client().xadd(key(LOGS_STREAM, job.pk), {"r": 0, "t": f"{time.time():.3f}", "s": "out", "l": "epoch 41"})
+    w = watcher()
+    run(w, 1)
+    send(job, [("loss", 9000, 1.0)])
+    run(w)
+    assert not AlarmTransition.objects.filter(job=job).exists(), list(
+        AlarmTransition.objects.filter(job=job).values_list("rule__name", "reason"))
+    # A real silence is still caught, counted from the last activity.
+    time.sleep(2.5)
+    run(w)
+    fired = list(AlarmTransition.objects.filter(job=job, to_state="ALARM").values_list("rule__name", flat=True))
+    assert fired == ["stalled"], fired
+    job.refresh_from_db()
+    assert job.stop_rule == "stalled"
+
+
+def test_a_stalled_rule_added_to_a_job_hours_in_counts_from_its_last_activity(project, watcher):
+    job = running_job(project, [])
+    TrainingJob.objects.filter(pk=job.pk).update(started_at=timezone.now() - timedelta(hours=2))
+    w = watcher()
+    send(job, [("loss", 1, 1.0)])
+    run(w)
+    from jobs.rules.store import add_rule
+
+    add_rule(job.pk, {"type": "stalled", "parameters": {"threshold_seconds": 600}, "actions": ["stop"]},
+             job_finished=False, project_id=job.project_id)
+    run(w)
+    rule = JobRule.objects.get(job=job, name="stalled")
+    assert rule.state != RuleState.ALARM, rule.state_reason
+    job.refresh_from_db()
+    assert job.stop_rule == ""
