@@ -96,12 +96,24 @@ def project_for_write(user: User, slug: str):
     return project
 
 
+def _nested(detail: Any) -> Any:
+    """A ValidationError's detail as the envelope's `fields`: keyed by the body's own field
+    names, a nested serializer's or list's errors nested under them as DRF gives them
+    ({"metric_definitions": [{}, {"regex": [...]}]}, {"tags": {1: [...]}}), messages as text.
+    Clients test `"tags" in fields`; the message names the item by its path."""
+    if isinstance(detail, (list, tuple)):
+        flat = [_nested(item) for item in detail]
+        return flat if any(isinstance(x, (dict, list)) for x in flat) else [str(x) for x in flat]
+    if isinstance(detail, dict):
+        return {key: _nested(value) for key, value in detail.items()}
+    return str(detail)
+
+
 def field_messages(detail: Any) -> dict[str, list[str]]:
-    """A ValidationError's detail as the envelope's `fields`: {path: [message, ...]}, a
-    nested serializer's or list item's field by its path (`metric_definitions[1].regex`,
-    `tags[1]`, `environment.A`; docs/SPEC.md §6) rather than DRF's dicts within dicts keyed
-    by index, whose first message a client could not place. A nested serializer's own
-    non-field errors go to its path; the body's own to `non_field_errors`."""
+    """A ValidationError's messages flat, by each field's path (`metric_definitions[1].regex`,
+    `tags[1]`, `environment.A`), for the envelope's message: DRF's dicts keyed by index gave
+    'tags: …' without the item, or '{}' for a many=True list's first, valid, item. A nested
+    serializer's own non-field errors go to its path; the body's own to `non_field_errors`."""
     fields: dict[str, list[str]] = {}
 
     def walk(value: Any, where: str) -> None:
@@ -163,8 +175,7 @@ def error_envelope_handler(exc: Exception, context: dict[str, Any]) -> Response 
         body = error_body(exc.error_code, str(exc.detail), exc.fields)
     elif isinstance(exc, exceptions.ValidationError):
         detail = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
-        fields = field_messages(detail)
-        body = error_body("invalid", _first_message(fields), fields)
+        body = error_body("invalid", _first_message(field_messages(detail)), _nested(detail))
     else:
         message = str(exc.detail) if isinstance(exc, exceptions.APIException) else str(exc)
         code = ERROR_CODES.get(response.status_code, getattr(exc, "default_code", "error"))

@@ -36,9 +36,8 @@ class ErrorDetailSerializer(serializers.Serializer):
     code = serializers.CharField(help_text="Machine-readable: invalid, not_authenticated, permission_denied, not_found, "
                                            "conflict, in_use, too_large, unsupported_media_type, …")
     message = serializers.CharField(help_text="One sentence for a person, naming the field when there is one.")
-    fields = serializers.DictField(child=serializers.ListField(child=serializers.CharField()), help_text=(
-        "Per field or query parameter, by its path (keys dotted, list items by index in brackets: inputs.train, "
-        "rules[0].parameters.threshold, tags[1]): a list of messages."))
+    fields = serializers.DictField(child=serializers.JSONField(), help_text=(
+        "Per field (dotted for nested ones, e.g. inputs.train) or query parameter: a list of messages."))
 
 
 class ErrorSerializer(serializers.Serializer):

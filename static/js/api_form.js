@@ -1,7 +1,7 @@
 // What the forms that post JSON to the API (the job form, the tuning form) share, as
 // window.Trainyard.apiForm: building nodes (user data only ever as text), the POST with the
-// CSRF token, the API's error envelope by field path (resources.instance_count,
-// metric_definitions[0].regex, parameter_ranges.lr.min) and each message placed beside the
+// CSRF token, the API's error envelope flattened to dotted paths (resources.instance_count,
+// metric_definitions.0.regex, parameter_ranges.lr.min) and each message placed beside the
 // nearest field that shows it, the hyperparameter inputs generated from an algorithm's
 // schema, and the data channel rows. Loaded before the page's own script.
 (function () {
@@ -85,9 +85,10 @@
       });
   }
 
-  // The API keys `fields` by path already ({"metric_definitions[0].regex": ["…"]}, SPEC §6);
-  // a nested body ({"resources": {"processes_per_node": ["…"]}}) still becomes dotted paths,
-  // its non_field_errors belonging to the path above them.
+  // {"resources": {"processes_per_node": ["…"]}}, {"metric_definitions": [{"regex": ["…"]}]}
+  // and {"parameter_ranges.lr.min": ["…"]} become {"resources.processes_per_node": [...],
+  // "metric_definitions.0.regex": [...], "parameter_ranges.lr.min": [...]}; non_field_errors
+  // belong to the path above them.
   function flatten(value) {
     var out = {};
     function walk(node, path) {

@@ -56,8 +56,7 @@ class ApiError(Exception):
 
 
 def flatten_fields(fields: Any, prefix: str = "") -> dict[str, list[str]]:
-    """The envelope's `fields` as path → messages: the studio keys them by path already
-    (`tags[1]`, SPEC §6); a nested body (an older studio's) is joined into dotted paths."""
+    """The envelope's nested `fields` as dotted path → messages."""
     if isinstance(fields, dict):
         flat: dict[str, list[str]] = {}
         for name, value in fields.items():
