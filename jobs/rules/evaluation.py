@@ -250,6 +250,20 @@ class Evaluator:
         self._on_tick(float(now), cost, projected_cost, first_step_at, out)
         return out
 
+    def warm(self, points: Sequence[Point]) -> None:
+        """Points an earlier watcher already judged (the stream's acked entries, read again
+        after a restart): they refill the windows, and nothing else changes — no transition
+        comes of them, and the state, its reason, the cool-down and `had_data` stay."""
+        if not points:
+            return
+        pending, self._pending = self._pending, []
+        kept = (self.state, self.reason, self.last_fired_at, self.had_data)
+        try:
+            self.observe(points)
+        finally:
+            self._pending = pending
+            self.state, self.reason, self.last_fired_at, self.had_data = kept
+
     def resume(self, at: float) -> None:
         """The watcher takes up a job already running (after its own restart, a change of
         leader, or for a rule added while the job runs): the clock-driven timers start at

@@ -55,6 +55,9 @@ LEADER_KEY = "trainyard:rules:leader"
 LEADER_TTL_MS = 10_000
 DISCOVER_SECONDS = 2.0
 CLAIM_IDLE_MS = 0  # a new leader takes over everything the group left pending
+# A rule taken up while its job runs refills its windows from this many of the newest entries
+# the group already acked (the flusher keeps them STREAM_RETENTION_MS, 15 min).
+WARM_ENTRIES = 1000
 # The rule types that read a curve, and the parameters naming its metric(s): once no rule
 # waits for data, only these metrics' points are made of a payload without NaN/Infinity.
 CURVE_METRIC_PARAMS: dict[str, tuple[str, ...]] = {
@@ -260,6 +263,7 @@ class RuleWatcher:
 
     def _sync_rules(self, watched: WatchedJob, rules: list[JobRule]) -> None:
         wanted = {rule.pk: rule for rule in rules}
+        fresh: list[Evaluator] = []
         for rule_id in [r for r in watched.rules if r not in wanted]:
             del watched.rules[rule_id]
         for rule_id, rule in wanted.items():
@@ -274,7 +278,40 @@ class RuleWatcher:
                 log.exception("job %s rule %s: cannot be evaluated", rule.job_id, rule.name)
                 continue
             watched.rules[rule_id] = WatchedRule(rule=rule, evaluator=ev, updated_at=rule.updated_at)
+            if current is None:
+                fresh.append(ev)
         watched.refresh_kinds()
+        if fresh:
+            self._warm(watched.job_id, fresh)
+
+    def _warm(self, job_id: int, evaluators: list[Evaluator]) -> None:
+        """Rules this watcher takes up while the job runs (its own restart, a new leader, a
+        rule added) see the newest entries the group already acked, which an earlier watcher
+        (or this one) judged: an "M of N" rule 2 of 3 into its alarm stays so, and a curve
+        rule's window is not empty. Those entries cause no transition (Evaluator.warm); what
+        is pending is read and judged as usual."""
+        stream = key(METRICS_STREAM, job_id)
+        try:
+            groups = {text(g["name"]): g for g in self.redis.xinfo_groups(stream)}
+            group = groups.get(RULES_GROUP)
+            if group is None or text(group["last-delivered-id"]) == "0-0":
+                return
+            bound = text(group["last-delivered-id"])
+            pending = self.redis.xpending(stream, RULES_GROUP)
+            if pending["pending"]:
+                bound = "(" + text(pending["min"])  # before the oldest unacked one
+            entries: Any = self.redis.xrevrange(stream, max=bound, min="-", count=WARM_ENTRIES)
+        except redis.RedisError:
+            return
+        points: list[Point] = []
+        for _, fields in reversed(entries or []):
+            if fields:
+                points.extend(parse_points(fields.get(b"p", b""), rank=fields.get(b"r", b"0")))
+        for ev in evaluators:
+            try:
+                ev.warm(points)
+            except Exception:  # noqa: BLE001 - a window left empty is what a restart gave before
+                log.exception("job %s rule %s: could not refill its window", job_id, ev.spec.get("name"))
 
     def _ensure_group(self, job_id: int) -> None:
         if job_id in self._grouped:

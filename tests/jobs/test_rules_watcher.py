@@ -448,3 +448,30 @@ def test_a_stalled_rule_added_to_a_job_hours_in_counts_from_its_last_activity(pr
     assert rule.state != RuleState.ALARM, rule.state_reason
     job.refresh_from_db()
     assert job.stop_rule == ""
+
+
+def test_an_m_of_n_rule_keeps_its_window_across_a_watcher_restart(project, watcher):
+    """3 of 3 points over 5: two came before the watcher restarted, the third after. The new
+    watcher refills the window from the entries the old one acked (without firing on them
+    again) and alarms on the third; it waited for three more."""
+    job = running_job(project, [{"type": "custom", "name": "high", "actions": ["tag"],
+                                 "parameters": {"metric": "loss", "threshold": 5, "datapoints_to_alarm": 3,
+                                                "evaluation_periods": 3}}])
+    first = watcher(consumer="first")
+    for step, value in ((1, 1.0), (2, 9.0), (3, 9.0)):
+        send(job, [("loss", step, value)])
+        run(first, 2)
+    rule = JobRule.objects.get(job=job, name="high")
+    assert rule.state == RuleState.OK, rule.state_reason
+    before = AlarmTransition.objects.filter(job=job).count()
+    first.resign()
+
+    second = watcher(consumer="second")
+    run(second)
+    assert AlarmTransition.objects.filter(job=job).count() == before  # the refill fires nothing
+    send(job, [("loss", 4, 9.0)])
+    run(second)
+    rule.refresh_from_db()
+    assert rule.state == RuleState.ALARM, rule.state_reason
+    alarm = AlarmTransition.objects.get(job=job, to_state="ALARM")
+    assert alarm.step == 4 and alarm.values["datapoints"] == [9.0, 9.0, 9.0], alarm.values
