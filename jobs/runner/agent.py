@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
+import psutil
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 from django.utils import timezone
@@ -64,6 +65,9 @@ log = logging.getLogger(__name__)
 # Set by the worker's shutdown signal (jobs.tasks): the running job is ended, not abandoned.
 SHUTDOWN = threading.Event()
 MAX_RUNTIME_EXCEEDED = "MaxRuntimeExceeded"
+# Set by a node other than node 0 whose launcher ended in a teardown abort: node 0 stops
+# waiting in torchrun's exit barrier for it.
+LAUNCHER_ENDED_KEY = "trainyard:job:{job_id}:attempt:{attempt}:launcher-ended:{node_rank}"
 GONE = "<deleted>"  # the job's row no longer exists: end its processes
 
 
@@ -151,6 +155,8 @@ class NodeRun:
         self.sampler: guard.SystemSampler | None = None
         self.syncer: PeriodicSync | None = None
         self.exit_code: int | None = None
+        self._workers_seen = False  # node 0: the launcher has had worker processes
+        self._cold_launch = False  # torchrun, not a warm pool's fork server
         self._reported: dict = {}
         self.environment: envs.JobEnvironment | None = None  # a script's requirements.txt, installed
         self.python = python_executable()  # what the job runs with: the node's, or its environment's
@@ -318,6 +324,7 @@ class NodeRun:
         self.mark = guard.new_job_mark()
         env = {**env, guard.JOB_MARK_VARIABLE: self.mark}
         forked = self._launch_warm(spec, env) if self.job.warm_pool else None
+        self._cold_launch = forked is None
         if forked is not None:
             self.process = forked  # type: ignore[assignment]  # Popen-like: pid, poll, wait, stdout, stderr
             command = ["fork-server", spec.module or spec.script, *spec.args]
@@ -416,6 +423,10 @@ class NodeRun:
                     guard.kill_group(self.process, self.process.pid, self.guard.live_seen_pids(), mark=self.mark)
                 continue
             reason = self._stop_reason(max_runtime, launched)
+            if not reason and self._only_the_exit_barrier_left():
+                self.capture_note("our ranks finished and the other nodes' launchers have ended (their ranks aborted "
+                                  "at teardown): ending torchrun's exit barrier, which would wait for them 300 s")
+                reason = "barrier"
             if reason:
                 ended_by = reason
                 term_sent_at = time.monotonic()
@@ -455,12 +466,18 @@ class NodeRun:
         if not self.capture.join(timeout=30):
             log.warning("job %s: output pipes still open after the processes ended", self.job_id)
         verdict: outcome.Verdict | None = None
-        if ended_by == "exit" or ended_by == "guard":
+        if ended_by == "barrier":
+            verdict = outcome.Verdict(True)
+            self.capture_note("processes ended: success (torchrun's exit barrier ended by us)")
+        elif ended_by == "exit" or ended_by == "guard":
             verdict = outcome.judge(outcome.Observed(
                 returncode=self.process.returncode, guard_verdict=self.guard.verdict, killed_by_us=ended_by == "guard",
                 failure_file=self.job_dir.failure_file, model_dir=self.job_dir.model_dir,
                 launcher_lines=list(self.capture.launcher_tail), stderr_tail=self.capture.stderr_tail,
-                ranks=sorted(self.capture.ranks), teardown_abort_ranks=set(self.capture.teardown_abort_ranks)))
+                ranks=sorted(self.capture.ranks), teardown_abort_ranks=set(self.capture.teardown_abort_ranks),
+                leader=self.is_leader))
+            if verdict.leader_decides:
+                verdict = self._leader_verdict(verdict)
             self.exit_code = self.process.returncode if verdict.succeeded else verdict.exit_code
             self.capture_note(f"processes ended: {'success' if verdict.succeeded else verdict.reason.splitlines()[0]}")
             if verdict.note:
@@ -497,6 +514,67 @@ class NodeRun:
         if not self.is_leader:
             return "completed"
         return self._upload_and_complete(teardown_abort=bool(verdict.note))
+
+    def _only_the_exit_barrier_left(self) -> bool:
+        """Node 0 of a multi-node cold launch. torchrun, once its local workers succeeded,
+        waits up to 300 s in its exit barrier for the other nodes' torchruns; a node whose
+        ranks aborted at teardown never gets there (its torchrun failed) and waits for our
+        result instead (_leader_verdict). True when our workers ran and are all gone while
+        the launcher lives on, and every other node's launcher has ended that way or its
+        attempt is closed. (torchrun, run with --max_restarts 0, returns at once when a
+        local worker fails: a launcher without workers has seen them succeed.)"""
+        if not self.is_leader or self.job.instance_count <= 1 or not self._cold_launch or self.process is None:
+            return False
+        try:
+            workers = [child for child in psutil.Process(self.process.pid).children()
+                       if child.status() != psutil.STATUS_ZOMBIE]
+        except psutil.Error:
+            return False
+        if workers:
+            self._workers_seen = True
+            return False
+        if not self._workers_seen:
+            return False  # still in the rendezvous
+        from studio.redis_conn import redis_client
+
+        try:
+            closed = set(JobAttempt.objects.filter(job_id=self.job_id, attempt=self.attempt, finished_at__isnull=False)
+                         .values_list("node_rank", flat=True))
+            client = redis_client()
+            return all(rank in closed or client.exists(LAUNCHER_ENDED_KEY.format(
+                job_id=self.job_id, attempt=self.attempt, node_rank=rank))
+                for rank in range(1, self.job.instance_count))
+        except Exception:  # noqa: BLE001 - ask again at the next poll
+            close_old_connections()
+            return False
+
+    def _leader_verdict(self, verdict: outcome.Verdict) -> outcome.Verdict:
+        """Our ranks aborted at teardown (gloo's "terminate called without an active
+        exception") and the model, if any, is on node 0: its result is the job's. Wait for
+        node 0 to upload or complete (rank 0 may still be writing the model when ours exit);
+        our failure counts only if node 0 neither succeeds nor fails by itself in time."""
+        ranks = ", ".join(str(r) for r in sorted(self.capture.teardown_abort_ranks)) if self.capture else "?"
+        from studio.redis_conn import redis_client
+
+        try:
+            redis_client().set(LAUNCHER_ENDED_KEY.format(job_id=self.job_id, attempt=self.attempt,
+                                                         node_rank=self.node_rank), "teardown-abort", ex=24 * 3600)
+        except Exception:  # noqa: BLE001 - node 0 then waits out torchrun's exit barrier (300 s)
+            log.warning("job %s: could not tell node 0 our launcher ended", self.job_id, exc_info=True)
+        self.capture_note(f"rank {ranks} aborted at exit (\"terminate called without an active exception\"); "
+                          "waiting for node 0's result, which decides the job's")
+        deadline = time.monotonic() + self.config.leader_verdict_seconds
+        while time.monotonic() < deadline:
+            status = self._status()
+            if status in (JobStatus.UPLOADING, JobStatus.COMPLETED):
+                return outcome.Verdict(True, note=(
+                    f"teardown abort on node {self.node_rank}: rank {ranks} aborted at exit (\"terminate called "
+                    "without an active exception\", a known gloo shutdown crash) and node 0 finished training; "
+                    "the result stands"), exit_code=verdict.exit_code)
+            if status is not None and status not in (JobStatus.STARTING, JobStatus.TRAINING):
+                break  # node 0 failed, or a stop or a retry ended the attempt: what it says stands
+            time.sleep(0.5)
+        return verdict
 
     def _vanished_peers(self) -> list[str]:
         """In a multi-node attempt whose processes failed: the peers that went silent. A

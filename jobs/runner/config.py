@@ -56,6 +56,9 @@ class RunnerConfig:
     node_address: str  # how other nodes reach this one (multi-node rendezvous)
     rendezvous_timeout_seconds: int
     warm_ready_seconds: float = 30.0  # how long a warm launch waits for the pool's fork server to finish importing
+    # How long a node other than node 0 whose ranks aborted at teardown waits for node 0's
+    # result (rank 0 may still be writing the model) before its own failure counts.
+    leader_verdict_seconds: float = 300.0
     # Where a script's requirements.txt is installed from (jobs.runner.process.envs.Sources):
     # empty, wherever the node's pip looks; an index URL ("none": no index) / find-links folders.
     pip_index_url: str = ""
@@ -95,6 +98,7 @@ class RunnerConfig:
             node_address=str(getattr(settings, "STUDIO_NODE_ADDRESS", "") or env_str("STUDIO_NODE_ADDRESS", "")),
             rendezvous_timeout_seconds=_int("STUDIO_RENDEZVOUS_TIMEOUT_SECONDS", 300),
             warm_ready_seconds=_float("STUDIO_WARM_READY_SECONDS", 30.0),
+            leader_verdict_seconds=_float("STUDIO_LEADER_VERDICT_SECONDS", 300.0),
             pip_index_url=_str("STUDIO_PIP_INDEX_URL"),
             pip_find_links=_str("STUDIO_PIP_FIND_LINKS"),
         )

@@ -44,3 +44,18 @@ def test_a_two_node_ddp_job_completes_with_rank_0_on_node_0(node, second_node, m
     wait_for(lambda: not JobAttempt.objects.filter(job=job, finished_at__isnull=True).exists(), timeout=30,
              message="both nodes to close their attempts")
     assert set(JobAttempt.objects.filter(job=job).values_list("outcome", flat=True)) == {"completed"}
+
+
+def test_a_teardown_abort_on_node_1_while_rank_0_still_writes_the_model_leaves_the_result_to_node_0(
+        node, second_node, make_job):
+    # CI saw a two-node FSDP job fail with "rank 1 failed (killed by SIGABRT)" after a clean
+    # run: node 1's ranks aborted at exit and node 1 failed the job before node 0 uploaded.
+    job = make_job(script="teardown_abort_first.py",
+                   resources={"instance_type": "cpu", "instance_count": 2, "processes_per_node": 1})
+
+    job = run_to_end(job, timeout=120)
+
+    assert job.status == JobStatus.COMPLETED, job.failure_reason
+    assert _members(job.model_uri) == {"model.txt": b"trained"}
+    notes = " ".join(job.events.values_list("message", flat=True))
+    assert "teardown abort on node 1: rank 1 aborted at exit" in notes

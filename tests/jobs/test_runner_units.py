@@ -343,6 +343,17 @@ def test_a_teardown_abort_counts_as_success_only_after_rank_0_wrote_the_model(tm
     assert verdict.succeeded and verdict.note.startswith("teardown abort after training finished: rank 1")
 
 
+def test_a_teardown_abort_on_another_node_than_node_0_leaves_the_verdict_to_node_0(tmp_path):
+    aborted = dict(launcher_lines=["failed (exitcode: -6) local_rank: 0 (pid: 9)"], teardown_abort_ranks={1},
+                   tails={1: ["terminate called without an active exception"]}, leader=False)
+    verdict = judge(_observed(tmp_path, **aborted))
+    assert (verdict.succeeded, verdict.leader_decides) == (False, True)
+    assert verdict.reason.startswith("rank 1 failed (killed by SIGABRT)")
+
+    crashed = judge(_observed(tmp_path, launcher_lines=ROOT_CAUSE, tails={3: ["out of cheese"]}, leader=False))
+    assert (crashed.succeeded, crashed.leader_decides) == (False, False), "only a teardown abort waits for node 0"
+
+
 # --- staging ------------------------------------------------------------------------------------
 def _version(tmp_path: Path, files: dict[str, bytes], *, split: dict | None = None, fmt: str | None = None) -> VersionFacts:
     return validated_version_facts(tmp_path, files, split=split, fmt=fmt)[0]

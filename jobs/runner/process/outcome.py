@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from jobs.runner.process.launch import describe_exit, parse_root_cause
+from jobs.runner.process.launch import RankFailure, describe_exit, parse_root_cause
 
 FAILURE_FILE_CHARS = 4000
 TAIL_LINES_IN_REASON = 20
@@ -29,6 +29,7 @@ class Observed:
     stderr_tail: Callable[[int], list[str]]
     ranks: list[int]  # ranks that printed anything, lowest first
     teardown_abort_ranks: set[int]
+    leader: bool = True  # node 0 of the attempt: its rank 0 writes the model
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class Verdict:
     reason: str = ""  # failure_reason when not succeeded
     note: str = ""  # a timeline note (a teardown abort that did not cost the result)
     exit_code: int = 0  # of the first failed rank when known, else the launcher's
+    leader_decides: bool = False  # a teardown abort on another node: the result is rank 0's, on node 0
 
 
 def read_failure_file(path: Path) -> str:
@@ -52,7 +54,9 @@ def read_failure_file(path: Path) -> str:
 def judge(observed: Observed) -> Verdict:
     """1. Exit 0 → success. 2. The guard's verdict. 3. A teardown abort after rank 0
     recorded its result (gloo's "terminate called without an active exception",
-    which it prints while tearing down after a clean run) → success, noted. 4. The script's own words in output/failure. 5. The
+    which it prints while tearing down after a clean run) → success, noted; on a node other
+    than node 0 the model is not here to see, so the verdict is a failure that node 0's
+    result may overrule (leader_decides). 4. The script's own words in output/failure. 5. The
     first failed rank's last stderr lines with its exit code or signal."""
     if observed.returncode == 0 and not observed.guard_verdict:
         return Verdict(True)
@@ -69,6 +73,13 @@ def judge(observed: Observed) -> Verdict:
                                    "after rank 0 had written the model; the result stands"), exit_code=exit_code)
     if written:
         return Verdict(False, written, exit_code=exit_code)
+    verdict = _failed_rank(observed, root, exit_code)
+    if aborted and observed.teardown_abort_ranks and not observed.leader:
+        return replace(verdict, leader_decides=True)
+    return verdict
+
+
+def _failed_rank(observed: Observed, root: RankFailure | None, exit_code: int) -> Verdict:
     rank = root.rank if root and root.rank is not None else _first_rank_with_stderr(observed)
     how = describe_exit(exit_code)
     if exit_code == -signal.SIGKILL and not observed.killed_by_us:
