@@ -31,20 +31,21 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from operator import attrgetter
 from typing import Any
 
 import msgspec
 import redis
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import DatabaseError, close_old_connections, connection
+from django.db.models import Min
 
 from jobs.metrics import metrics_redis, parse_number, stream_items, text
 
 # The watcher's consumer group; the flusher's trim keeps what it has not evaluated.
 from jobs.metrics.ingest import RULES_GROUP
-from jobs.models import JobRule, TrainingJob
+from jobs.models import JobRule, MetricPoint, TrainingJob
 from jobs.rules.engine import INSUFFICIENT_DATA, Evaluator, GpuSample, Point, PointColumns, Transition, evaluator
 from jobs.rules.store import record, record_many
 from trainyard.protocol import LOGS_STREAM, METRICS_STREAM, SYSTEM_STREAM, key
@@ -338,6 +339,29 @@ class RuleWatcher:
                     setattr(watched, attr, text(last_id))
                 if stream != SYSTEM_STREAM:
                     watched.saw_activity(entry_time(last_id))
+        watched.first_step_at = self._first_step_so_far(watched)
+
+    def _first_step_so_far(self, watched: WatchedJob) -> float | None:
+        """When the attempt's first metric point came, if it came before this watcher took
+        the job up: the oldest entry of the stream (the flusher trims what it has stored) or
+        of the stored points, from the attempt's start on. A max_init_time rule added after a
+        restart judges that, not the next point (which would read as a first step hours late)."""
+        first: float | None = None
+        with contextlib.suppress(redis.RedisError):
+            oldest: Any = self.redis.xrange(key(METRICS_STREAM, watched.job_id), count=1)
+            at = entry_time(oldest[0][0]) if oldest else None
+            if at is not None and at >= watched.started_at:
+                first = at
+        try:
+            stored = (MetricPoint.objects.filter(job_id=watched.job_id,
+                                                 time__gte=datetime.fromtimestamp(watched.started_at, tz=UTC))
+                      .aggregate(first=Min("time"))["first"])
+        except DatabaseError:
+            close_old_connections()
+            return first
+        if stored is not None and (first is None or stored.timestamp() < first):
+            first = stored.timestamp()
+        return first
 
     # --- reading ---------------------------------------------------------------------
     def read(self, job_ids: list[int], block_ms: int) -> None:

@@ -475,3 +475,26 @@ def test_an_m_of_n_rule_keeps_its_window_across_a_watcher_restart(project, watch
     assert rule.state == RuleState.ALARM, rule.state_reason
     alarm = AlarmTransition.objects.get(job=job, to_state="ALARM")
     assert alarm.step == 4 and alarm.values["datapoints"] == [9.0, 9.0, 9.0], alarm.values
+
+
+def test_a_max_init_time_rule_added_after_a_restart_judges_the_attempts_real_first_step(project, watcher):
+    """The job's first point came a minute in and was stored; the studio restarted and a
+    max_init_time rule was added an hour in. The next point is not the first step: the rule
+    is OK ('first step 60 s after the start'), not ALARM ('first step only 3600 s after')."""
+    from jobs.models import MetricPoint
+    from jobs.rules.store import add_rule
+
+    job = running_job(project, [])
+    started = timezone.now() - timedelta(hours=1)
+    TrainingJob.objects.filter(pk=job.pk).update(started_at=started)
+    MetricPoint.objects.create(job=job, name="loss", step=1, value=2.0, time=started + timedelta(seconds=60))
+    w = watcher()
+    add_rule(job.pk, {"type": "max_init_time", "parameters": {"threshold_seconds": 600}, "actions": ["stop"]},
+             job_finished=False, project_id=job.project_id)
+    send(job, [("loss", 500, 1.0)])
+    run(w)
+    rule = JobRule.objects.get(job=job, type="max_init_time")
+    assert rule.state == RuleState.OK, rule.state_reason
+    assert rule.state_reason.startswith("first step 60 s after the start"), rule.state_reason
+    job.refresh_from_db()
+    assert job.stop_rule == ""
