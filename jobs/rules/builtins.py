@@ -80,14 +80,20 @@ class _NonFinite(Evaluator):
 
 
 class _LossNotDecreasing(Evaluator):
+    """The managed service's rule: every `num_steps` steps, the loss now against the loss
+    `num_steps` steps earlier (the newest point at or before that step). Checked once per
+    `num_steps` steps, not at every point: comparing each noisy point with one
+    `num_steps` back flips between OK and ALARM at every other point."""
+
     def __init__(self, spec: dict, **kwargs: Any) -> None:
         super().__init__(spec, **kwargs)
-        self._history: deque[tuple[int, float]] = deque(maxlen=self.params["num_steps"] + 1)
+        self._history: deque[tuple[int, float]] = deque()
         self._last_step: float = -_INF
+        self._next_check: float = -_INF
 
     def waiting_for(self) -> str:
         warmup = self.params["warmup_steps"]
-        return (f"{self.params['num_steps'] + 1} points of {self.params['metric']} (rank 0)"
+        return (f"{self.params['metric']} (rank 0) over {self.params['num_steps']} steps"
                 + (f" at or after step {warmup} (warm-up)" if warmup else ""))
 
     def wanted_metrics(self) -> list[str]:
@@ -97,7 +103,7 @@ class _LossNotDecreasing(Evaluator):
         group = batch.groups.get((self.params["metric"], 0))
         if group is None:
             return
-        history, last_step = self._history, self._last_step
+        history, last_step, next_check = self._history, self._last_step, self._next_check
         num_steps, diff_percent, warmup = self.params["num_steps"], self.params["diff_percent"], self.params["warmup_steps"]
         metric = self.params["metric"]
         for step, value, point in zip(group.steps, group.values, group.points, strict=True):
@@ -105,19 +111,23 @@ class _LossNotDecreasing(Evaluator):
                 continue
             last_step = step
             history.append((step, value))
-            if len(history) <= num_steps:
-                continue
+            # Keep one point at or before step - num_steps: the one to compare with.
+            while len(history) > 2 and history[1][0] <= step - num_steps:
+                history.popleft()
             old_step, old_value = history[0]
+            if step - old_step < num_steps or step < next_check:
+                continue
+            next_check = step + num_steps
             decrease = _relative_change(value, old_value) * -100.0
             to_state = ALARM if decrease < diff_percent else OK
             if to_state != self.state:
                 verdict = "less than" if to_state == ALARM else "at least"
                 self._move(out, to_state, point.time,
-                           f"{metric} changed by {_fmt(-decrease + 0.0)} % over the last {num_steps} points (steps {old_step} → "
+                           f"{metric} changed by {_fmt(-decrease + 0.0)} % over {step - old_step} steps ({old_step} → "
                            f"{step}, {_fmt(old_value)} → {_fmt(value)}): a decrease {verdict} {_fmt(diff_percent)} %",
                            {"metric": metric, "step": step, "value": value, "previous_step": old_step,
                             "previous_value": old_value, "decrease_percent": decrease, "diff_percent": diff_percent}, step)
-        self._last_step = last_step
+        self._last_step, self._next_check = last_step, next_check
 
 
 class _Overfit(Evaluator):

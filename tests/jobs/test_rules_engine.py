@@ -133,15 +133,29 @@ def test_loss_not_decreasing_plateau_fires_num_steps_into_it():
     values = {s: (1.0 / s if s <= 50 else 1.0 / 50) for s in range(1, 101)}
     ev = make("loss_not_decreasing")
     transitions = ev.observe(curve("train_loss", values))
-    # Step 59 still compares with step 49 (1/49 → 1/50, a 2 % fall); step 60 with step 50 (0 %).
-    assert steps_and_states(transitions) == [(11, OK), (60, ALARM)]
-    assert "changed by 0 % over the last 10 points (steps 50 → 60, 0.02 → 0.02)" in transitions[1].reason
+    # Checked every 10 steps from the first comparison (11, 21, …): step 51 still compares
+    # with step 41 (a fall); step 61 with step 51 (0 %).
+    assert steps_and_states(transitions) == [(11, OK), (61, ALARM)]
+    assert "changed by 0 % over 10 steps (51 → 61, 0.02 → 0.02)" in transitions[1].reason
     assert transitions[1].values["decrease_percent"] == 0.0
     # The same curve point by point gives the same transitions.
-    assert steps_and_states(feed_one_by_one(make("loss_not_decreasing"), curve("train_loss", values))) == [(11, OK), (60, ALARM)]
+    assert steps_and_states(feed_one_by_one(make("loss_not_decreasing"), curve("train_loss", values))) == [(11, OK), (61, ALARM)]
     # A fall again clears it.
     again = ev.observe(curve("train_loss", {101: 0.01}))
     assert steps_and_states(again) == [(101, OK)]
+
+
+def test_loss_not_decreasing_counts_steps_not_points_and_checks_once_per_num_steps():
+    # A noisy but falling loss logged every 2 steps: each point against the one num_steps
+    # points back flipped OK/ALARM at nearly every point (hundreds of notifications).
+    values = {s: 1.0 / s * (1.3 if (s // 2) % 2 else 1.0) for s in range(2, 2002, 2)}
+    ev = make({"type": "loss_not_decreasing", "parameters": {"num_steps": 50}})
+    transitions = ev.observe(curve("train_loss", values))
+    first = transitions[0]
+    assert first.values["step"] - first.values["previous_step"] == 50  # 50 steps: 25 points
+    checks = range(first.step, 2001, 50)
+    assert len(transitions) <= len(checks) and {t.step for t in transitions} <= set(checks)
+    assert steps_and_states(transitions)[0] == (52, OK)  # the first check: step 52 with step 2
 
 
 def test_loss_not_decreasing_warmup_and_rank_zero_only():
