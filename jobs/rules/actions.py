@@ -19,22 +19,23 @@ from typing import Any
 
 from django.db import transaction
 
-from jobs.models import RULE_TRIGGERED, AlarmTransition, JobRule, TrainingJob
+from jobs.models import RULE_TRIGGERED, AlarmTransition, JobEvent, JobRule, TrainingJob
 from jobs.rules.engine import ALARM, Transition
 from jobs.transitions import note
 
 log = logging.getLogger(__name__)
 
 ALARM_EVENT = "alarm.transition"
+TIMELINE_NOTES_PER_RULE = 20
 
 
 def take_actions(rule: JobRule, row: AlarmTransition, t: Transition) -> list[dict[str, Any]]:
     taken: list[dict[str, Any]] = []
     into_alarm = t.to_state == ALARM and t.from_state != ALARM
     if into_alarm:
-        note(rule.job_id, f"rule {rule.name}: ALARM: {t.reason}")
+        _timeline(rule, f"ALARM: {t.reason}")
     elif t.from_state == ALARM and t.to_state != ALARM:
-        note(rule.job_id, f"rule {rule.name}: {t.to_state} again: {t.reason}")
+        _timeline(rule, f"{t.to_state} again: {t.reason}")
     if not t.fire:
         return [{"type": "none", "reason": "inside the rule's cool-down"}] if rule.actions else []
     job: TrainingJob | None = None  # read once, by the first action that needs it
@@ -49,6 +50,20 @@ def take_actions(rule: JobRule, row: AlarmTransition, t: Transition) -> list[dic
             job = job or TrainingJob.objects.select_related("project").get(pk=rule.job_id)
             taken.append(_notify(rule, job, row, t, action.get("channels")))
     return taken
+
+
+def _timeline(rule: JobRule, message: str) -> None:
+    """A note on the job's timeline, up to TIMELINE_NOTES_PER_RULE per rule: a rule that
+    flaps would otherwise bury the status changes under its entries (its alarm history
+    keeps every transition)."""
+    prefix = f"rule {rule.name}: "
+    written = JobEvent.objects.filter(job_id=rule.job_id, message__startswith=prefix).count()
+    if written < TIMELINE_NOTES_PER_RULE:
+        note(rule.job_id, prefix + message)
+    elif written == TIMELINE_NOTES_PER_RULE:
+        note(rule.job_id, prefix + f"changed state {TIMELINE_NOTES_PER_RULE} times; its further changes are left out of "
+                                   f"the timeline (every one is in the job's alarm history, "
+                                   f"/api/v1/jobs/{rule.job_id}/alarm-transitions/).")
 
 
 def _stop(rule: JobRule, job: TrainingJob, t: Transition) -> dict[str, Any]:

@@ -170,3 +170,24 @@ def test_a_notify_action_must_name_the_projects_channels(owner, teammate, client
                                          format="json")
     assert changed.status_code == 400 and set(changed.json()["error"]["fields"]) == {"actions[0].channels[0]"}
     assert JobRule.objects.get(job=running).actions == [{"type": "notify", "channels": None}]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_flapping_rule_leaves_at_most_its_share_of_the_timeline(running):
+    from jobs.models import JobEvent
+    from jobs.rules.actions import TIMELINE_NOTES_PER_RULE
+    from jobs.rules.engine import ALARM, OK, Transition
+    from jobs.rules.store import add_rule, record
+
+    rule = add_rule(running.pk, {"name": "flappy", "type": "stalled"}, job_finished=False, project_id=running.project_id)
+    other = add_rule(running.pk, {"name": "flappy2", "type": "stalled"}, job_finished=False, project_id=running.project_id)
+    now = timezone.now().timestamp()
+    flips = [Transition(OK if i % 2 else ALARM, ALARM if i % 2 else OK, now + i, f"flip {i}", {"i": i}, i) for i in range(1, 61)]
+    for t in flips:
+        record(rule, [t])
+    record(other, flips[:1])
+    notes = list(JobEvent.objects.filter(job=running, message__startswith="rule flappy: ").values_list("message", flat=True))
+    assert len(notes) == TIMELINE_NOTES_PER_RULE + 1
+    assert "left out of the timeline" in notes[-1] and "alarm-transitions" in notes[-1]
+    assert AlarmTransition.objects.filter(rule=rule).count() == 60  # the history keeps every one
+    assert JobEvent.objects.filter(job=running, message__startswith="rule flappy2: ").count() == 1
