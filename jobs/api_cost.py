@@ -155,9 +155,12 @@ class InstancePriceDetailView(APIView):
         serializer = InstancePriceSetSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
+        currency = data.get("currency") or cost.default_currency()
+        if (conflict := cost.currency_conflict(project, kind, currency)) is not None:
+            raise serializers.ValidationError({"currency": [conflict]})
         cost.set_project_price(project=project, instance_type=kind, node=data["price_per_node_hour"],
                                gpu=data.get("price_per_gpu_hour") or cost.ZERO,
-                               currency=data.get("currency") or cost.default_currency(), user=request.user)
+                               currency=currency, user=request.user)
         found = next(p for p in cost.effective_prices(project.pk) if p["instance_type"] == kind)
         return Response(InstancePriceSerializer(found).data)
 

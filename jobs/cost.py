@@ -154,6 +154,28 @@ def effective_prices(project_id: int | None) -> list[dict[str, Any]]:
     return [found[kind] for kind in sorted(found)]
 
 
+def currency_conflict(project, instance_type: str, currency: str) -> str | None:
+    """Why a project price in `currency` would mix currencies in the project's sums (a
+    job's cost, a tuning job's, the month's spend add amounts up), else None. The
+    project's currency is that of its launches so far, else of its other prices (its own
+    and the site's), else STUDIO_CURRENCY."""
+    launched = (JobAttempt.objects.filter(job__project=project, price_per_hour__isnull=False).exclude(currency="")
+                .exclude(currency=currency).values_list("currency", flat=True).first())
+    if launched:
+        return (f"This project's jobs have run at prices in {launched}; a price in {currency} would add "
+                f"{currency} and {launched} amounts together in its costs and spend. Use {launched}.")
+    priced = (InstancePrice.objects.filter(Q(project=project) | Q(project__isnull=True))
+              .exclude(project=project, instance_type=instance_type).exclude(currency=currency)
+              .values_list("currency", flat=True).first())
+    if priced:
+        return (f"This project's other prices (its own or the site's) are in {priced}; a price in {currency} would add "
+                f"{currency} and {priced} amounts together in its costs and spend. Use {priced}.")
+    if set(settings_prices()) - {instance_type} and currency != default_currency():
+        return (f"The site's prices (STUDIO_INSTANCE_PRICES) are in {default_currency()}; a price in {currency} would "
+                f"mix currencies in this project's costs and spend. Use {default_currency()}.")
+    return None
+
+
 def set_project_price(*, project, instance_type: str, node: Decimal, gpu: Decimal, currency: str, user) -> InstancePrice:
     """A project admin's price for a type (created or replaced). Launches placed from now on
     snapshot it; launches already placed keep theirs."""
@@ -352,10 +374,11 @@ def _figures(job: TrainingJob, rows: list[dict], warm_now: dict, latest_step: in
         figures.cost += cost
         if figures.price_per_hour is None:
             figures.price_per_hour = Decimal(price) if price is not None else None
-        figures.currency = figures.currency or row["currency"]
+        if row["currency"] and row["currency"] not in figures.currency.split("+"):
+            figures.currency = _label({*figures.currency.split("+"), row["currency"]} - {""})
     ordered = [attempts[number] for number in sorted(attempts)]
     total = quantize(sum((a.cost for a in ordered), ZERO))
-    currency = next((a.currency for a in reversed(ordered) if a.currency), "") or default_currency()
+    currency = _label({a.currency for a in ordered if a.currency}) or default_currency()
     projection = None
     if projected and not job.is_finished() and ordered:
         projection = _projected_cost(job, ordered, total, current_price_per_second, latest_step)
@@ -369,6 +392,13 @@ def _figures(job: TrainingJob, rows: list[dict], warm_now: dict, latest_step: in
         "projected_cost": str(projection) if projection is not None else None,
         "attempts": [a.as_dict() for a in ordered],
     }
+
+
+def _label(currencies: set[str]) -> str:
+    """The currency of a sum: "USD"; or, where launches were priced in several (the site's
+    currency changed under old jobs: prices refuse a second one), "EUR+USD", so a mixed sum
+    is never passed off as one currency's."""
+    return "+".join(sorted(currencies))
 
 
 def _gang_ends(rows: list[dict]) -> dict[tuple[int, int], datetime]:
@@ -482,7 +512,7 @@ def project_spend(project, month: str, *, now: datetime | None = None) -> dict[s
     by_type: dict[str, dict[str, Any]] = {}
     by_user: dict[str, dict[str, Any]] = {}
     total = _empty_bucket("month", month)
-    currency = ""
+    currencies: set[str] = set()
     gang_ends = _gang_ends(rows)
     for row in rows:
         billable, training, warm, cost = _row_figures(row, warm_now, now, gang_ends)
@@ -496,7 +526,8 @@ def project_spend(project, month: str, *, now: datetime | None = None) -> dict[s
             bucket["training_seconds"] += training
             bucket["warm_seconds"] += warm
             bucket["cost"] += cost
-        currency = currency or row["currency"]
+        if row["currency"]:
+            currencies.add(row["currency"])
 
     def shown(bucket: dict[str, Any]) -> dict[str, Any]:
         cost = quantize(bucket["cost"])
@@ -506,7 +537,7 @@ def project_spend(project, month: str, *, now: datetime | None = None) -> dict[s
                 "cost": str(cost), "cost_display": str(to_cents(cost))}
 
     ordered = lambda buckets: sorted((shown(b) for b in buckets.values()), key=lambda b: (-Decimal(b["cost"]), str(b)))  # noqa: E731
-    return {"month": month, "start": start, "end": end, "currency": currency or default_currency(),
+    return {"month": month, "start": start, "end": end, "currency": _label(currencies) or default_currency(),
             "total": {k: v for k, v in shown(total).items() if k != "month"},
             "by_instance_type": ordered(by_type), "by_user": ordered(by_user)}
 
@@ -539,7 +570,7 @@ def sum_costs(jobs: Iterable[TrainingJob], *, now: datetime | None = None) -> di
     trials = list(jobs)
     figures = list(job_costs(trials, now=now, projected=False).values())
     total = quantize(sum((Decimal(f["cost"]) for f in figures), ZERO))
-    currency = next((f["currency"] for f in figures if f["attempts"]), default_currency())
+    currency = _label({part for f in figures if f["attempts"] for part in f["currency"].split("+")}) or default_currency()
     return {
         "trials": len(trials),
         "training_time_seconds": round(sum(f["training_time_seconds"] for f in figures), 3),

@@ -112,6 +112,9 @@ def instance_prices_page(request: HttpRequest, slug: str) -> HttpResponse:
     if not form.is_valid():
         return _render_prices(request, project, form, status=400)
     data = form.cleaned_data
+    if (conflict := cost.currency_conflict(project, data["instance_type"], data["currency"])) is not None:
+        form.add_error("currency", conflict)
+        return _render_prices(request, project, form, status=400)
     cost.set_project_price(project=project, instance_type=data["instance_type"], node=data["price_per_node_hour"],
                            gpu=data.get("price_per_gpu_hour") or cost.ZERO, currency=data["currency"],
                            user=signed_in(request.user))

@@ -318,12 +318,16 @@ def test_prices_are_listed_for_readers_and_set_by_admins_only(project, owner, te
     for user in (viewer, teammate):
         refused = client_for(user).put(url, {"price_per_node_hour": "1"}, format="json")
         assert refused.status_code == 403, refused.content
-    put = client_for(owner).put(url, {"price_per_node_hour": "0.5", "price_per_gpu_hour": 0, "currency": "eur"},
+    # The settings' gpu price is in USD: an EUR cpu price would add EUR and USD in the sums.
+    mixed = client_for(owner).put(url, {"price_per_node_hour": "0.5", "currency": "eur"}, format="json")
+    assert mixed.status_code == 400 and "Use USD" in mixed.json()["error"]["fields"]["currency"][0], mixed.content
+    assert not InstancePrice.objects.exists()
+    put = client_for(owner).put(url, {"price_per_node_hour": "0.5", "price_per_gpu_hour": 0, "currency": "usd"},
                                 format="json")
     assert put.status_code == 200, put.content
-    assert put.json()["source"] == "project" and put.json()["currency"] == "EUR"
+    assert put.json()["source"] == "project" and put.json()["currency"] == "USD"
     assert put.json()["updated_by"] == "owner"
-    assert cost.price_for(project.pk, "cpu", 0) == (Decimal("0.500000"), "EUR")
+    assert cost.price_for(project.pk, "cpu", 0) == (Decimal("0.500000"), "USD")
     assert client_for(viewer).get(url).json()["price_per_node_hour"] == "0.500000"
 
     assert client_for(viewer).delete(url).status_code == 403
@@ -341,6 +345,26 @@ def test_a_bad_price_is_a_400_naming_the_field(project, owner, client_for, value
     if value == "1e9":  # one message, naming the maximum (it also said how many digits the column holds)
         assert response.json()["error"]["fields"]["price_per_node_hour"] == ["Ensure this value is less than or equal to 100000."]
     assert not InstancePrice.objects.exists()
+
+
+def test_a_price_in_another_currency_than_the_projects_launches_is_refused(project, owner, client_for):
+    job = _job(project, nodes=1, status=JobStatus.COMPLETED, attempt=1)
+    _launch(job, attempt=1, rank=0, start=T0, end=T0 + timedelta(seconds=60), price="1")  # USD
+    client = client_for(owner)
+    refused = client.put("/api/v1/projects/acme/instance-prices/gpu/", {"price_per_node_hour": 2, "currency": "EUR"},
+                         format="json")
+    assert refused.status_code == 400, refused.content
+    assert "jobs have run at prices in USD" in refused.json()["error"]["fields"]["currency"][0]
+    assert not InstancePrice.objects.exists()
+    from django.test import Client
+
+    browser = Client()
+    browser.force_login(owner)
+    page = browser.post("/projects/acme/prices/", {"instance_type": "gpu", "price_per_node_hour": "2", "currency": "EUR"})
+    assert page.status_code == 400 and b"Use USD" in page.content
+    assert not InstancePrice.objects.exists()
+    assert client.put("/api/v1/projects/acme/instance-prices/gpu/", {"price_per_node_hour": 2, "currency": "USD"},
+                      format="json").status_code == 200
 
 
 def test_a_bad_currency_or_instance_type_is_a_400_naming_it(project, owner, client_for):
@@ -467,3 +491,15 @@ def test_a_real_workers_warm_pool_time_is_billed_to_the_job_that_left_it(node, m
     figures = cost.job_cost(job)
     assert figures["warm_pool_seconds"] == pytest.approx(2, abs=0.01)
     assert Decimal(figures["cost"]) == row.cost
+
+
+def test_sums_over_launches_priced_in_two_currencies_say_so(project):
+    # The site's currency changed under old jobs: the sum is never labelled one currency's.
+    job = _job(project, nodes=1, status=JobStatus.COMPLETED, attempt=2)
+    _launch(job, attempt=1, rank=0, start=T0, end=T0 + timedelta(seconds=3600), price="1")
+    eur = _launch(job, attempt=2, rank=0, start=T0 + timedelta(hours=2), end=T0 + timedelta(hours=3), price="2")
+    JobAttempt.objects.filter(pk=eur.pk).update(currency="EUR")
+    assert cost.project_spend(project, "2026-11", now=T0 + timedelta(days=1))["currency"] == "EUR+USD"
+    figures = cost.job_cost(job, now=T0 + timedelta(days=1))
+    assert figures["currency"] == "EUR+USD"
+    assert [a["currency"] for a in figures["attempts"]] == ["USD", "EUR"]
