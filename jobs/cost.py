@@ -478,7 +478,8 @@ def _projected_cost(job: TrainingJob, attempts: list[AttemptFigures], cost_so_fa
 # --- a project's month, a tuning job ---------------------------------------------------------------
 def month_bounds(month: str) -> tuple[datetime, datetime]:
     """"YYYY-MM" → [first instant, first instant of the next month) in UTC; ValueError otherwise."""
-    if len(month) != 7 or month[4] != "-" or not (month[:4].isdigit() and month[5:].isdigit()):
+    if (len(month) != 7 or month[4] != "-" or not month.isascii()  # "１２".isdigit() holds too
+            or not (month[:4].isdigit() and month[5:].isdigit())):
         raise ValueError("Use YYYY-MM, e.g. 2026-12.")
     year, number = int(month[:4]), int(month[5:])
     if not 1 <= number <= 12 or year < 1970 or year > 9998:

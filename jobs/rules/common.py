@@ -110,7 +110,13 @@ def _fmt(value: float | None) -> str:
 
 
 def _fmt_cost(value: float | None) -> str:
-    return "unknown" if value is None else f"{value:.2f}"
+    """Cents, or the significant digits of an amount under a cent (a limit of 0.000001 is
+    not "0.00")."""
+    if value is None:
+        return "unknown"
+    if value != 0 and abs(value) < 0.01:
+        return f"{value:.2g}"
+    return f"{value:.2f}"
 
 
 def _describe(value: object) -> str:

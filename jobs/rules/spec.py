@@ -289,6 +289,12 @@ def _merge(changes: dict, existing: dict) -> dict:
     if "type" in changes and changes["type"] != existing["type"]:
         raise RuleError("type", f"a rule's type cannot change (this one is {existing['type']!r}); delete it and add a new rule.")
     merged = copy.deepcopy(existing)
+    if "name" in changes and changes["name"] != existing.get("name") and "actions" not in changes:
+        # A tag action that kept its default ("alarm:<rule name>") follows the new name.
+        default = f"alarm:{existing.get('name')}"[:TAG_MAX_CHARS]
+        for action in merged.get("actions") or []:
+            if action.get("type") == "tag" and action.get("tag") == default:
+                action.pop("tag")
     for key, value in changes.items():
         if key != "parameters":
             merged[key] = value

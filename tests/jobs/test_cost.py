@@ -264,7 +264,8 @@ def test_the_spend_of_a_month_by_instance_type_and_by_user(project, owner, teamm
     assert cost.project_spend(project, "2026-10")["total"]["cost"] == "16.666667"
 
 
-@pytest.mark.parametrize("month", ["2026-13", "2026-1", "26-11", "2026-00", "abcd-ef", "", "2026-11-01"])
+@pytest.mark.parametrize("month", ["2026-13", "2026-1", "26-11", "2026-00", "abcd-ef", "", "2026-11-01", "2026-\uff11\uff12",
+                                   "\u0662\u0660\u0662\u0666-12"])
 def test_a_month_that_is_not_yyyy_mm_is_refused(month):
     with pytest.raises(ValueError):
         cost.month_bounds(month)

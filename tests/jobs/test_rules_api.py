@@ -191,3 +191,20 @@ def test_a_flapping_rule_leaves_at_most_its_share_of_the_timeline(running):
     assert "left out of the timeline" in notes[-1] and "alarm-transitions" in notes[-1]
     assert AlarmTransition.objects.filter(rule=rule).count() == 60  # the history keeps every one
     assert JobEvent.objects.filter(job=running, message__startswith="rule flappy2: ").count() == 1
+
+
+def test_renaming_a_rule_moves_its_default_tag_and_keeps_a_chosen_one(teammate, client_for, running):
+    url = f"/api/v1/jobs/{running.pk}/rules/"
+    client = client_for(teammate)
+    made = client.post(url, {"name": "vl", "type": "stalled", "actions": ["tag", {"type": "tag", "tag": "mine"}]},
+                       format="json")
+    assert made.json()["actions"] == [{"type": "tag", "tag": "alarm:vl"}, {"type": "tag", "tag": "mine"}], made.json()
+    renamed = client.patch(f"{url}{made.json()['id']}/", {"name": "vl2"}, format="json")
+    assert renamed.status_code == 200, renamed.json()
+    assert renamed.json()["actions"] == [{"type": "tag", "tag": "alarm:vl2"}, {"type": "tag", "tag": "mine"}]
+
+
+def test_a_budget_under_a_cent_is_not_called_zero():
+    from jobs.rules.common import _fmt_cost
+
+    assert _fmt_cost(1e-06) == "1e-06" and _fmt_cost(0.5) == "0.50" and _fmt_cost(0) == "0.00" and _fmt_cost(12.345) == "12.35"

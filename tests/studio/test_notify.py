@@ -92,6 +92,7 @@ def test_sign_and_verify_follow_the_documented_scheme():
     assert notify.verify(secret, body, header, now=now + 299)
     assert not notify.verify(secret, body, header, now=now + 301)  # a replay, too old
     assert not notify.verify("other", body, header, now=now)
+    assert not notify.verify(secret, body, "t=\u00b2,v1=ab", now=now)  # "²".isdigit(), but no int: False, not a raise
     assert not notify.verify(secret, body + b" ", header, now=now)
     for malformed in ("", "t=abc,v1=00", f"v1={expected}", "t=1700000000", "garbage"):
         assert not notify.verify(secret, body, malformed, now=now)
