@@ -15,6 +15,8 @@ from jobs.rules.engine import RULE_TYPES
 register = template.Library()
 
 STRIP_LENGTH = 30
+MARKS_PER_RULE = 5
+MARKS_SCANNED = 2000
 # The form's hint per type: what to put in parameters (the rest take their defaults).
 DEFAULTS_SHOWN = {
     "custom": '{"metric": "validation_loss", "statistic": "mean", "window": 5, "comparison": ">", "threshold": 2.0, '
@@ -68,10 +70,19 @@ def job_rules_panel(context: template.Context, job: TrainingJob) -> SafeString:
     transitions = list(AlarmTransition.objects.filter(job=job).select_related("rule").order_by("-at", "-pk")[:STRIP_LENGTH])
     for t in transitions:
         t.step_reached = None if t.step is not None else _step_of(t)  # type: ignore[attr-defined]
+    # The chart marks: each rule's newest MARKS_PER_RULE steps into ALARM, however many
+    # transitions other rules made since (the strip's newest 30 lost a rule that stayed in
+    # ALARM behind one that flapped).
+    per_rule: dict[int, list[AlarmTransition]] = {}
+    for t in (AlarmTransition.objects.filter(job=job, to_state=RuleState.ALARM).exclude(from_state=RuleState.ALARM)
+              .select_related("rule").order_by("-at", "-pk")[:MARKS_SCANNED]):
+        if len(kept := per_rule.setdefault(t.rule_id, [])) < MARKS_PER_RULE:
+            kept.append(t)
     marks: list[dict[str, Any]] = [
         {"rule": t.rule.name, "to": t.to_state, "from": t.from_state, "step": _step_of(t), "at": t.at.isoformat(),
-         "reason": t.reason[:300], "metric": _metric_of(t)}
-        for t in reversed(transitions) if t.to_state == RuleState.ALARM or t.from_state == RuleState.ALARM]
+         "reason": t.reason[:300], "metric": _metric_of(t), "newest": index == 0}
+        for kept in per_rule.values() for index, t in enumerate(kept)]
+    marks.sort(key=lambda m: m["at"])
     rows = [{"rule": r, "badge": STATE_BADGES.get(r.state, "grey"), "actions": action_words(r.actions)} for r in rules]
     request = context.get("request")
     refused = None

@@ -60,14 +60,17 @@
     });
     if (!marks.length && !chart.marked) return;
     chart.marked = marks.length > 0;
+    // One label per rule, on its newest mark, the labels stepped down so that neighbours
+    // do not overlap; the older marks are lines whose reason shows on hover.
+    var labelled = marks.filter(function (m) { return m.newest !== false; });
     window.Plotly.relayout(chart.div, {
       shapes: marks.map(function (m) {
         return { type: "line", xref: "x", yref: "paper", x0: m.step, x1: m.step, y0: 0, y1: 1,
                  line: { color: "#bd2b2b", width: 1, dash: "dot" } };
       }),
-      annotations: marks.map(function (m) {
+      annotations: labelled.map(function (m, i) {
         // Inside the plot, beside its line: the chart's top margin is too thin to hold a label.
-        return { x: m.step, xref: "x", y: 1, yref: "paper", yanchor: "top", xanchor: "left", xshift: 3, showarrow: false,
+        return { x: m.step, xref: "x", y: 1 - (i % 5) * 0.09, yref: "paper", yanchor: "top", xanchor: "left", xshift: 3, showarrow: false,
                  text: escapeLabel(m.rule), hovertext: escapeLabel(m.reason), bgcolor: "rgba(255,255,255,0.8)",
                  font: { size: 10, color: "#bd2b2b" } };
       }),

@@ -209,12 +209,21 @@ def test_a_stall_is_marked_on_every_chart_at_the_last_step_reported(live_server,
                  parameters={"metric": "loss", "threshold": 0.5, "comparison": ">"})
     AlarmTransition.objects.create(rule=spike, job=job, from_state="OK", to_state="ALARM", step=20,
                                    reason="loss above 0.5", values={"metric": "loss"})
+    # A rule that flapped 40 times since: spike's mark (still in ALARM) must not be pushed out.
+    flappy = rule(job, "flappy", RuleState.OK, "loss fell again", type="custom",
+                  parameters={"metric": "loss", "threshold": 0.1, "comparison": ">"})
+    for i in range(40):
+        AlarmTransition.objects.create(rule=flappy, job=job, from_state="ALARM" if i % 2 else "OK",
+                                       to_state="OK" if i % 2 else "ALARM", step=30 + i // 2, reason=f"flip {i}",
+                                       values={"metric": "loss"}, at=now - timedelta(minutes=1) + timedelta(seconds=i))
     sign_in(page, live_server.url)
     page.goto(f"{live_server.url}/jobs/{job.pk}/")
     marks = """name => { const div = document.querySelector(`#charts .chart[data-metric="${name}"]`);
         return div && div.layout ? (div.layout.shapes || []).map(s => s.x0).sort((a, b) => a - b) : null; }"""
-    page.wait_for_function(f"() => ({marks})('loss') && ({marks})('loss').length === 2", timeout=15_000)
-    assert page.evaluate(f"() => ({marks})('loss')") == [20, 55]
+    page.wait_for_function(f"() => ({marks})('loss') && ({marks})('loss').length === 7", timeout=15_000)
+    assert page.evaluate(f"() => ({marks})('loss')") == [20, 45, 46, 47, 48, 49, 55]  # flappy's newest 5
+    labels = """name => document.querySelector(`#charts .chart[data-metric="${name}"]`).layout.annotations.map(a => a.text).sort()"""
+    assert page.evaluate(f"() => ({labels})('loss')") == ["flappy", "spike", "stalled"]  # one label per rule
     assert page.evaluate(f"() => ({marks})('accuracy')") == [55]
     assert "after step 55" in page.locator("#rule-events li", has_text="stalled").inner_text()
     page.screenshot(path=str(SCREENSHOTS / "trainyard-job-stall-mark.png"), full_page=True)
