@@ -342,6 +342,7 @@ def job_cost(job: TrainingJob, *, now: datetime | None = None) -> dict[str, Any]
 def _figures(job: TrainingJob, rows: list[dict], warm_now: dict, latest_step: int | None, now: datetime, *,
              projected: bool) -> dict[str, Any]:
     attempts: dict[int, AttemptFigures] = {}
+    currencies: dict[int, set[str]] = {}  # per attempt
     current_price_per_second = ZERO
     gang_ends = _gang_ends(rows)
     for row in rows:
@@ -374,11 +375,13 @@ def _figures(job: TrainingJob, rows: list[dict], warm_now: dict, latest_step: in
         figures.cost += cost
         if figures.price_per_hour is None:
             figures.price_per_hour = Decimal(price) if price is not None else None
-        if row["currency"] and row["currency"] not in figures.currency.split("+"):
-            figures.currency = _label({*figures.currency.split("+"), row["currency"]} - {""})
+        if row["currency"]:
+            currencies.setdefault(row["attempt"], set()).add(row["currency"])
+    for number, figures in attempts.items():
+        figures.currency = _label(currencies.get(number, set()))
     ordered = [attempts[number] for number in sorted(attempts)]
     total = quantize(sum((a.cost for a in ordered), ZERO))
-    currency = _label({a.currency for a in ordered if a.currency}) or default_currency()
+    currency = _label(set().union(*currencies.values())) or default_currency()
     projection = None
     if projected and not job.is_finished() and ordered:
         projection = _projected_cost(job, ordered, total, current_price_per_second, latest_step)

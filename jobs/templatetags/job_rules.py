@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from django import template
+from django.db.models import F, Window
+from django.db.models.functions import RowNumber
 from django.template.loader import render_to_string
 from django.utils.safestring import SafeString, mark_safe
 
@@ -16,7 +18,6 @@ register = template.Library()
 
 STRIP_LENGTH = 30
 MARKS_PER_RULE = 5
-MARKS_SCANNED = 2000
 # The form's hint per type: what to put in parameters (the rest take their defaults).
 DEFAULTS_SHOWN = {
     "custom": '{"metric": "validation_loss", "statistic": "mean", "window": 5, "comparison": ">", "threshold": 2.0, '
@@ -73,16 +74,12 @@ def job_rules_panel(context: template.Context, job: TrainingJob) -> SafeString:
     # The chart marks: each rule's newest MARKS_PER_RULE steps into ALARM, however many
     # transitions other rules made since (the strip's newest 30 lost a rule that stayed in
     # ALARM behind one that flapped).
-    per_rule: dict[int, list[AlarmTransition]] = {}
-    for t in (AlarmTransition.objects.filter(job=job, to_state=RuleState.ALARM).exclude(from_state=RuleState.ALARM)
-              .select_related("rule").order_by("-at", "-pk")[:MARKS_SCANNED]):
-        if len(kept := per_rule.setdefault(t.rule_id, [])) < MARKS_PER_RULE:
-            kept.append(t)
+    newest_first = Window(RowNumber(), partition_by=[F("rule_id")], order_by=[F("at").desc(), F("pk").desc()])
     marks: list[dict[str, Any]] = [
         {"rule": t.rule.name, "to": t.to_state, "from": t.from_state, "step": _step_of(t), "at": t.at.isoformat(),
-         "reason": t.reason[:300], "metric": _metric_of(t), "newest": index == 0}
-        for kept in per_rule.values() for index, t in enumerate(kept)]
-    marks.sort(key=lambda m: m["at"])
+         "reason": t.reason[:300], "metric": _metric_of(t), "newest": t.nth == 1}
+        for t in AlarmTransition.objects.filter(job=job, to_state=RuleState.ALARM).exclude(from_state=RuleState.ALARM)
+        .annotate(nth=newest_first).filter(nth__lte=MARKS_PER_RULE).select_related("rule").order_by("at", "pk")]
     rows = [{"rule": r, "badge": STATE_BADGES.get(r.state, "grey"), "actions": action_words(r.actions)} for r in rules]
     request = context.get("request")
     refused = None
