@@ -228,3 +228,43 @@ def test_a_stall_is_marked_on_every_chart_at_the_last_step_reported(live_server,
     assert "after step 55" in page.locator("#rule-events li", has_text="stalled").inner_text()
     page.screenshot(path=str(SCREENSHOTS / "trainyard-job-stall-mark.png"), full_page=True)
     assert not page.console_errors, page.console_errors
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+def test_the_cost_notification_and_nodes_pages_fit_a_phone_and_a_laptop(live_server, scientist, project, browser_page,
+                                                                       width):
+    """A new user found the channels, prices and nodes tables pushing the page sideways at
+    390 px (719–817 px wide), and the Nodes page's last column cut off at 1280 px: each
+    table scrolls inside its own card, and at 1280 px the nodes table needs no scrolling."""
+    from jobs.models import InstancePrice
+    from studio.models import Delivery
+
+    page = browser_page
+    page.set_viewport_size({"width": width, "height": 900})
+    actions.set_membership(project=project, user=scientist, role=Role.ADMIN)
+    running_job(project, scientist, name="a-job-with-a-long-name")
+    for instance_type in ("cpu", "gpu-a100-" + "x" * 30):
+        InstancePrice.objects.create(project=project, instance_type=instance_type, price_per_node_hour=Decimal("12.5"),
+                                     price_per_gpu_hour=Decimal("3.25"), currency="EUR", updated_by=scientist)
+    channel = NotificationChannel.objects.create(project=project, name="on-call webhook", kind="webhook",
+                                                 url="https://hooks.example.com/services/T000/B000/" + "p" * 40)
+    Delivery.objects.create(channel=channel, event="alarm.transition", status=Delivery.Status.FAILED, attempts=5,
+                            last_error="connection refused by hooks.example.com:443 after 5 tries")
+    for index in range(2):
+        Node.objects.create(name=f"node-{index}-on-a-host-with-a-long-name", hostname="host-" + "h" * 30,
+                            queue="node.cpu.x", version="trainyard 0.9.0+g1234567", cpus=16, memory_bytes=64 * 2**30,
+                            state="idle", instance_type="cpu")
+    sign_in(page, live_server.url)
+
+    for path in (f"/projects/{project.slug}/notifications/", f"/projects/{project.slug}/prices/",
+                 f"/projects/{project.slug}/spend/", "/nodes/"):
+        page.goto(live_server.url + path)
+        no_sideways_scroll(page)
+        for table in page.locator("table").all():
+            assert table.evaluate("t => !!t.closest('.table-wide')"), (path, table.get_attribute("id"))
+        page.screenshot(path=str(SCREENSHOTS / f"trainyard-{path.strip('/').split('/')[-1]}-{width}.png"), full_page=True)
+    if width >= 1280:
+        fits = page.evaluate("() => { const s = document.getElementById('nodes-table').parentElement;"
+                             " return [s.scrollWidth, s.clientWidth]; }")
+        assert fits[0] <= fits[1], f"the nodes table is {fits[0]} px in {fits[1]} px at {width} px"
+    assert not page.console_errors, page.console_errors
