@@ -8,6 +8,7 @@ Imports torch at the top: only training processes import this module.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 from collections.abc import Callable
@@ -110,10 +111,8 @@ def exit_past_teardown(code: int) -> NoReturn:
     and the process ends with `code`, past the destructors."""
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):  # a closed or broken pipe: nothing more to say
             stream.flush()
-        except (OSError, ValueError):  # a closed or broken pipe: nothing more can be said
-            pass
     os._exit(code)
 
 
