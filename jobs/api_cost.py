@@ -19,7 +19,6 @@ from studio.access import get_project_for_user
 from studio.api import ApiError, PaginatedAPIView, paginate
 
 INSTANCE_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-CURRENCY = re.compile(r"^[A-Z]{3}$")
 PRICE_HELP = "≥ 0 and at most {max}, up to 6 decimal places."
 
 
@@ -61,8 +60,9 @@ class InstancePriceSetSerializer(serializers.Serializer):
 
     def validate_currency(self, value: str) -> str:
         value = value.strip().upper()
-        if not CURRENCY.match(value):
-            raise serializers.ValidationError("Use a three-letter ISO 4217 code such as USD or EUR.")
+        problem = cost.currency_error(value)
+        if problem:
+            raise serializers.ValidationError(problem)
         return value
 
 

@@ -22,7 +22,7 @@ from jobs.access import get_job_for_user
 from jobs.models import FINISHED_STATUSES, AlarmTransition, JobRule, RuleState, TrainingJob
 from jobs.rules.engine import RuleError
 from jobs.rules.store import RuleConflict, add_rule, delete_rule, update_rule
-from jobs.serializers import AlarmTransitionSerializer, RuleSerializer, RuleSpecSerializer
+from jobs.serializers import AlarmTransitionSerializer, RuleChangeSerializer, RuleSerializer, RuleSpecSerializer
 from studio.access import get_project_for_user
 from studio.api import ApiError, PaginatedAPIView, id_param, paginate
 from studio.models import Project
@@ -83,7 +83,7 @@ class JobRuleListView(PaginatedAPIView):
             raise conflict("The job already has a rule of that name.") from exc
         return Response(RuleSerializer(rule).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=RuleSpecSerializer, responses=RuleSerializer, operation_id="v1_jobs_rules_update_by_name",
+    @extend_schema(request=RuleChangeSerializer, responses=RuleSerializer, operation_id="v1_jobs_rules_update_by_name",
                    summary='Change one rule, named by "name" (or "id") in the body')
     def patch(self, request: Request, pk: int) -> Response:
         job = get_job_for_user(request.user, pk, write=True)

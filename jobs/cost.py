@@ -97,6 +97,26 @@ def default_currency() -> str:
     return str(getattr(settings, "STUDIO_CURRENCY", "USD") or "USD")
 
 
+# ISO 4217's codes that name no money a price could be in: "no currency" and the testing code.
+NOT_MONEY = frozenset({"XXX", "XTS"})
+
+
+def currency_error(code: str) -> str | None:
+    """None when `code` (upper case) is a currency of ISO 4217's list (the iso4217 package's
+    table, published yearly), else a sentence saying why not: "ZZZ" has the form, not the code."""
+    from iso4217 import Currency
+
+    if len(code) != 3 or not code.isascii() or not code.isalpha():
+        return "Use a three-letter ISO 4217 code such as USD or EUR."
+    try:
+        Currency(code)
+    except ValueError:
+        return f"{code} is not an ISO 4217 currency code; use one such as USD, EUR or JPY."
+    if code in NOT_MONEY:
+        return f"{code} is ISO 4217's code for no currency or for testing; use one such as USD or EUR."
+    return None
+
+
 @dataclass(frozen=True)
 class Price:
     node: Decimal  # per node-hour

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import re
 
+from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from jobs.models import AlarmTransition, Distribution, JobRule, JobStatus, TrainingJob
 from jobs.patterns import compile_pattern
 from jobs.patterns import error as PatternError
+from jobs.rules.common import RULE_TYPES
 from jobs.sagemaker_distribution import DistributionField, SageMakerDistribution
 from studio.validators import clean_name
 
@@ -104,9 +106,32 @@ class RuleSpecSerializer(serializers.Serializer):
     enabled = serializers.BooleanField(required=False, default=True)
 
 
-@extend_schema_field(RuleSpecSerializer)
+class RuleChangeSerializer(RuleSpecSerializer):
+    """PATCH /jobs/<id>/rules/: the rule to change, by "id" or by "name", and what changes."""
+
+    id = serializers.IntegerField(required=False, help_text=(
+        'The rule to change, by id. With an id, "name" is the rule\'s new name.'))
+    name = serializers.CharField(max_length=100, required=False, help_text=(
+        'The rule to change, by name, when no "id" is given.'))
+    new_name = serializers.CharField(max_length=100, required=False, help_text='A new name for the rule named by "name".')
+    type = serializers.CharField(max_length=32, required=False, help_text=RuleSpecSerializer().fields["type"].help_text)
+    enabled = serializers.BooleanField(required=False)
+
+
 class RuleSpecField(serializers.JSONField):
-    """A rule, passed through as given: check_rules checks it whole (unknown keys included)."""
+    """A rule, passed through as given: check_rules checks it whole (unknown keys included).
+    An object (RuleSpecSerializer), or a bare type name: that rule with its defaults."""
+
+
+class RuleSpecFieldScheme(OpenApiSerializerFieldExtension):
+    """The schema of a RuleSpecField: a rule type's name or a rule object, as check_rule takes."""
+
+    target_class = RuleSpecField
+
+    def map_serializer_field(self, auto_schema, direction):
+        rule = auto_schema.resolve_serializer(RuleSpecSerializer, direction).ref
+        return {"oneOf": [{"type": "string", "enum": list(RULE_TYPES),
+                           "description": "A rule of this type with its default parameters and actions."}, rule]}
 
 
 class RuleSerializer(serializers.ModelSerializer):

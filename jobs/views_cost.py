@@ -13,7 +13,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
 from jobs import cost
-from jobs.api_cost import CURRENCY, INSTANCE_TYPE
+from jobs.api_cost import INSTANCE_TYPE
 from jobs.models import JobAttempt
 from studio.access import check_role, get_project_for_user, role_allows, signed_in
 from studio.models import Project
@@ -36,8 +36,9 @@ class PriceForm(forms.Form):
 
     def clean_currency(self) -> str:
         value = (self.cleaned_data.get("currency") or "").strip().upper() or cost.default_currency()
-        if not CURRENCY.match(value):
-            raise forms.ValidationError("Use a three-letter ISO 4217 code such as USD or EUR.")
+        problem = cost.currency_error(value)
+        if problem:
+            raise forms.ValidationError(problem)
         return value
 
 

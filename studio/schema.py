@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.extensions import OpenApiAuthenticationExtension, OpenApiSerializerFieldExtension
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.plumbing import build_array_type
 from rest_framework import serializers
@@ -29,6 +29,22 @@ class SessionScheme(OpenApiAuthenticationExtension):
 
     def get_security_definition(self, auto_schema):
         return {"type": "apiKey", "in": "cookie", "name": "sessionid"}
+
+
+class NonNegativeDecimalScheme(OpenApiSerializerFieldExtension):
+    """drf-spectacular writes a decimal's pattern with an optional "-" whatever its min_value;
+    a field that takes no negative number (a price) says so in its pattern too."""
+
+    target_class = serializers.DecimalField
+    match_subclasses = True
+
+    def map_serializer_field(self, auto_schema, direction):
+        schema = auto_schema._map_serializer_field(self.target, direction, bypass_extensions=True)
+        minimum = self.target.min_value
+        pattern = schema.get("pattern")
+        if minimum is not None and minimum >= 0 and isinstance(pattern, str) and pattern.startswith("^-?"):
+            schema["pattern"] = "^" + pattern[3:]
+        return schema
 
 
 # --- the schema of every operation: tags, paginated lists, error responses -------------------

@@ -373,6 +373,15 @@ def test_a_bad_currency_or_instance_type_is_a_400_naming_it(project, owner, clie
     response = client.put("/api/v1/projects/acme/instance-prices/cpu/", {"price_per_node_hour": 1, "currency": "dollars"},
                           format="json")
     assert response.status_code == 400 and list(response.json()["error"]["fields"]) == ["currency"]
+    # Three letters are not a currency: ISO 4217 has no ZZZ, and XTS is its code for tests.
+    for code, said in (("ZZZ", "ZZZ is not an ISO 4217 currency code"), ("xts", "XTS is ISO 4217's code for no currency")):
+        response = client.put("/api/v1/projects/acme/instance-prices/cpu/", {"price_per_node_hour": 1, "currency": code},
+                              format="json")
+        assert response.status_code == 400 and said in response.json()["error"]["fields"]["currency"][0], response.content
+    assert not InstancePrice.objects.exists()
+    response = client.put("/api/v1/projects/acme/instance-prices/cpu/", {"price_per_node_hour": 1, "currency": "chf"},
+                          format="json")  # lower case is taken as the code it spells
+    assert response.status_code == 200 and response.json()["currency"] == "CHF", response.content
     response = client.put("/api/v1/projects/acme/instance-prices/-bad/", {"price_per_node_hour": 1}, format="json")
     assert response.status_code == 400 and list(response.json()["error"]["fields"]) == ["instance_type"]
 
@@ -504,3 +513,18 @@ def test_sums_over_launches_priced_in_two_currencies_say_so(project):
     figures = cost.job_cost(job, now=T0 + timedelta(days=1))
     assert figures["currency"] == "EUR+USD"
     assert [a["currency"] for a in figures["attempts"]] == ["USD", "EUR"]
+
+
+def test_the_price_schema_refuses_a_negative_price_as_the_api_does(project, owner, client_for):
+    import jsonschema
+
+    client = client_for(owner)
+    schema = client.get("/api/schema/", HTTP_ACCEPT="application/json").json()
+    body = schema["paths"]["/api/v1/projects/{slug}/instance-prices/{instance_type}/"]["put"]["requestBody"]
+    validator = jsonschema.Draft202012Validator({**body["content"]["application/json"]["schema"],
+                                                 "components": schema["components"]})
+    for price, taken in (("1.25", True), ("0", True), ("-1", False), ("-0.5", False)):
+        assert validator.is_valid({"price_per_node_hour": price}) is taken, price
+        response = client.put("/api/v1/projects/acme/instance-prices/cpu/", {"price_per_node_hour": price},
+                              format="json")
+        assert (response.status_code == 200) is taken, (price, response.content)

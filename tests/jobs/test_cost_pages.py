@@ -161,6 +161,7 @@ def test_an_admin_sets_and_removes_a_price_on_the_prices_page(project, owner):
 @pytest.mark.parametrize(("field", "value"), [("price_per_node_hour", "-1"), ("price_per_node_hour", "NaN"),
                                               ("price_per_node_hour", "1e12"), ("price_per_node_hour", "cheap"),
                                               ("price_per_gpu_hour", "-0.5"), ("currency", "dollars"),
+                                              ("currency", "ZZZ"), ("currency", "XXX"),
                                               ("instance_type", "<script>")])
 def test_bad_input_on_the_prices_page_is_a_form_error_on_its_field(project, owner, field, value):
     data = {"instance_type": "cpu", "price_per_node_hour": "1", "price_per_gpu_hour": "0", "currency": "USD", field: value}

@@ -208,3 +208,37 @@ def test_a_budget_under_a_cent_is_not_called_zero():
     from jobs.rules.common import _fmt_cost
 
     assert _fmt_cost(1e-06) == "1e-06" and _fmt_cost(0.5) == "0.50" and _fmt_cost(0) == "0.00" and _fmt_cost(12.345) == "12.35"
+
+
+def _request_schema(client, path: str, method: str):
+    """The validator of an operation's JSON request body, with the schema's components."""
+    import jsonschema
+
+    schema = client.get("/api/schema/", HTTP_ACCEPT="application/json").json()
+    body = schema["paths"][path][method]["requestBody"]["content"]["application/json"]["schema"]
+    return jsonschema.Draft202012Validator({**body, "components": schema["components"]})
+
+
+def test_the_bodies_the_rules_api_takes_are_valid_under_its_schema(owner, client_for, version, running):
+    """A new user's generated client refused what the API takes: a rule in the spec given as
+    a bare type name, and PATCH /jobs/<id>/rules/ naming the rule by "id"."""
+    client = client_for(owner)
+    submit = _request_schema(client, "/api/v1/jobs/", "post")
+    spec = body(version, rules=["stalled", {"type": "max_init_time", "parameters": {"threshold_seconds": 60}}])
+    assert not list(submit.iter_errors(spec)), [error.message for error in submit.iter_errors(spec)]
+    response = client.post("/api/v1/jobs/", spec, format="json")
+    assert response.status_code == 201, response.json()
+    assert {rule["name"] for rule in response.json()["rules"]} == {"stalled", "max_init_time", "non_finite"}
+    assert not submit.is_valid(body(version, rules=[5])), "the schema refuses what the API refuses"
+    assert not submit.is_valid(body(version, rules=["nope"]))
+
+    change = _request_schema(client, "/api/v1/jobs/{id}/rules/", "patch")
+    rule = JobRule.objects.filter(job=running).first() or JobRule.objects.create(
+        job=running, name="stalled", type="stalled", parameters={"threshold_seconds": 10})
+    for patch in ({"id": rule.pk, "enabled": False}, {"name": rule.name, "new_name": "quiet"}):
+        assert change.is_valid(patch), [error.message for error in change.iter_errors(patch)]
+        response = client.patch(f"/api/v1/jobs/{running.pk}/rules/", patch, format="json")
+        assert response.status_code == 200, response.json()
+    rule.refresh_from_db()
+    assert rule.name == "quiet" and rule.enabled is False
+    assert not change.is_valid({"id": "one"})
