@@ -38,13 +38,19 @@ class ChannelForm(ActionFormMixin, forms.Form):
             raise forms.ValidationError("Names cannot contain control characters.")
         return name
 
+    # The page shows only the chosen kind's field (data-shown-for): the other's text, hidden
+    # and perhaps left from before the kind changed, is dropped rather than checked.
     def clean_url(self) -> str:
+        if self.cleaned_data.get("kind") != "webhook":
+            return ""
         url = self.cleaned_data["url"].strip()
         if url and (problem := notify.webhook_url_problem(url)):
             raise forms.ValidationError(problem)
         return url
 
     def clean_emails(self) -> list[str]:
+        if self.cleaned_data.get("kind") != "email":
+            return []
         addresses: list[str] = []
         for address in self.cleaned_data["emails"].replace(",", "\n").split():
             if problem := notify.email_problem(address):

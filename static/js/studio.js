@@ -1,7 +1,8 @@
 // Behaviour every page shares: relative times that stay current, confirmation before
 // destructive forms, selects that submit on change (the project switcher), and the CSRF
-// token for the pages' scripts that post (window.Trainyard.csrfToken), and the JSON a page
-// hands its script in a <script type="application/json"> (Trainyard.pageData). Loaded first.
+// token for the pages' scripts that post (window.Trainyard.csrfToken), the JSON a page
+// hands its script in a <script type="application/json"> (Trainyard.pageData), and fields
+// shown only for one choice of a select (data-shown-for). Loaded first.
 (function () {
   "use strict";
 
@@ -67,13 +68,28 @@
     if (closer && closer.closest("dialog")) closer.closest("dialog").close();
   });
 
+  // <div data-shown-for="SELECT_ID=VALUE[,VALUE]"> is shown only while that select has one of
+  // those values (the channel form's URL for a webhook, its addresses for e-mail). Hidden
+  // fields keep what was typed; the server ignores the other kind's field.
+  function applyShownFor(root) {
+    (root || document).querySelectorAll("[data-shown-for]").forEach(function (el) {
+      var rule = el.getAttribute("data-shown-for").split("=");
+      var select = document.getElementById(rule[0]);
+      if (!select) return;
+      var shown = (rule[1] || "").split(",").indexOf(select.value) !== -1;
+      el.hidden = !shown;
+    });
+  }
+
   document.addEventListener("change", function (event) {
     var el = event.target;
     if (el.matches && el.matches("select[data-autosubmit], input[type=checkbox][data-autosubmit]") && el.form) el.form.submit();
+    if (el.id && document.querySelector('[data-shown-for^="' + el.id + '="]')) applyShownFor();
   });
 
   document.addEventListener("DOMContentLoaded", function () {
     refreshTimes();
+    applyShownFor();
     window.setInterval(refreshTimes, 5000);  // the phrases count seconds
   });
   // Fragments swapped in by htmx (the validation status) carry their own times.

@@ -268,3 +268,55 @@ def test_the_cost_notification_and_nodes_pages_fit_a_phone_and_a_laptop(live_ser
                              " return [s.scrollWidth, s.clientWidth]; }")
         assert fits[0] <= fits[1], f"the nodes table is {fits[0]} px in {fits[1]} px at {width} px"
     assert not page.console_errors, page.console_errors
+
+
+def test_the_small_things_a_new_user_hit_on_the_rules_and_channels(live_server, scientist, project, browser_page):
+    """The Add-a-rule Name field and button were unstyled (an <input> with no type), an
+    alarm's "· notified (3)" sat alone on a line under a long reason, rule names broke
+    mid-word in a squeezed Rules column, and the channel form showed the URL and the e-mail
+    fields whatever the kind."""
+    page = browser_page
+    page.add_init_script(FAKE_STREAM_JS)
+    page.set_viewport_size({"width": 390, "height": 900})
+    actions.set_membership(project=project, user=scientist, role=Role.ADMIN)
+    job = running_job(project, scientist, name="watched")
+    plateau = rule(job, "loss_not_decreasing", RuleState.ALARM, "loss changed by less than 0.1 % over 10 steps",
+                   type="loss_not_decreasing", parameters={})
+    AlarmTransition.objects.create(rule=plateau, job=job, from_state="OK", to_state="ALARM", step=40,
+                                   reason="loss changed by less than 0.1 % over the last 10 steps (from 0.4012 to "
+                                          "0.4011), after a warm-up of 20 steps",
+                                   actions_taken=[{"type": "notify", "deliveries": [1, 2, 3]}])
+    sign_in(page, live_server.url)
+
+    page.goto(f"{live_server.url}/jobs/{job.pk}/")
+    page.locator("#rules-panel [data-rule]").first.wait_for()
+    name = page.locator("#rules-table [data-rule] .mono").first
+    assert name.evaluate("e => e.getClientRects().length") == 1, "loss_not_decreasing on one line"
+    event = page.locator("#rule-events li").first
+    assert "notified 3 channels" in event.inner_text()
+    reason, notified = (event.locator(".event-detail > span").nth(i).bounding_box() for i in (0, 1))
+    assert notified["y"] < reason["y"] + reason["height"], "the action follows the reason's last line"
+    no_sideways_scroll(page)
+    page.locator("#rules-panel").screenshot(path=str(SCREENSHOTS / "trainyard-rules-390.png"))
+
+    page.click("#rule-add summary")
+    styles = page.evaluate("""() => ['rule-name', 'rule-parameters'].map(id => {
+        const s = getComputedStyle(document.getElementById(id));
+        return [s.borderTopWidth, s.borderTopStyle, s.paddingLeft, s.borderRadius]; })""")
+    assert styles[0] == styles[1], f"the Name field is styled like the Parameters one: {styles}"
+    button = page.locator("#rule-add button[type=submit]")
+    assert "button--primary" in button.get_attribute("class")
+
+    page.goto(f"{live_server.url}/projects/{project.slug}/notifications/")
+    assert page.is_visible("#id_url") and not page.is_visible("#id_emails")
+    page.fill("#id_name", "team mail")
+    page.fill("#id_url", "not a url at all")  # typed before the kind changed: hidden, so not held against it
+    page.select_option("#id_kind", "email")
+    assert page.is_visible("#id_emails") and not page.is_visible("#id_url")
+    page.fill("#id_emails", "ops@example.com")
+    page.click("#channel-form button[type=submit]")
+    page.locator("#channels-table").wait_for()
+    channel = NotificationChannel.objects.get(project=project, name="team mail")
+    assert channel.kind == "email" and channel.emails == ["ops@example.com"] and channel.url == ""
+    assert not page.is_visible("#id_emails"), "a fresh form shows the webhook's field again"
+    assert not page.console_errors, page.console_errors
