@@ -33,7 +33,7 @@ from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Max, Q
+from django.db.models import F, Max, Q
 from django.utils import timezone
 
 from jobs.models import InstancePrice, JobAttempt, MetricChunk, Node, NodeState, TrainingJob
@@ -184,13 +184,20 @@ def currency_conflict(project, instance_type: str, currency: str) -> str | None:
     if launched:
         return (f"This project's jobs have run at prices in {launched}; a price in {currency} would add "
                 f"{currency} and {launched} amounts together in its costs and spend. Use {launched}.")
-    priced = (InstancePrice.objects.filter(Q(project=project) | Q(project__isnull=True))
-              .exclude(project=project, instance_type=instance_type).exclude(currency=currency)
-              .values_list("currency", flat=True).first())
-    if priced:
+    # The prices that would apply to the project's other instance types: its own where it has
+    # one, else the site's, else STUDIO_INSTANCE_PRICES'. A site price for this very type does
+    # not count: the project's own price replaces it.
+    effective: dict[str, tuple[str, str]] = {kind: (default_currency(), "settings") for kind in settings_prices()}
+    for row in (InstancePrice.objects.filter(Q(project=project) | Q(project__isnull=True))
+                .order_by(F("project").asc(nulls_first=True)).values("instance_type", "currency")):
+        effective[row["instance_type"]] = (row["currency"], "priced")
+    effective.pop(instance_type, None)
+    clashes = sorted((source, other) for other, source in effective.values() if other != currency)
+    if clashes and clashes[0][0] == "priced":
+        priced = clashes[0][1]
         return (f"This project's other prices (its own or the site's) are in {priced}; a price in {currency} would add "
                 f"{currency} and {priced} amounts together in its costs and spend. Use {priced}.")
-    if set(settings_prices()) - {instance_type} and currency != default_currency():
+    if clashes:
         return (f"The site's prices (STUDIO_INSTANCE_PRICES) are in {default_currency()}; a price in {currency} would "
                 f"mix currencies in this project's costs and spend. Use {default_currency()}.")
     return None

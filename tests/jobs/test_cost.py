@@ -528,3 +528,27 @@ def test_the_price_schema_refuses_a_negative_price_as_the_api_does(project, owne
         response = client.put("/api/v1/projects/acme/instance-prices/cpu/", {"price_per_node_hour": price},
                               format="json")
         assert (response.status_code == 200) is taken, (price, response.content)
+
+
+def test_a_project_price_replaces_the_sites_for_its_type_in_another_currency(project, owner, client_for):
+    """Before any launch, a project may price in EUR a type the site prices in USD: its own
+    price replaces the site's, so nothing would add EUR to USD. Another type still priced by
+    the site in USD is what makes EUR a mix."""
+    client = client_for(owner)
+    InstancePrice.objects.create(project=None, instance_type="gpu", price_per_node_hour=Decimal("3"), currency="USD")
+    put = client.put("/api/v1/projects/acme/instance-prices/gpu/", {"price_per_node_hour": "2.5", "currency": "EUR"},
+                     format="json")
+    assert put.status_code == 200 and put.json()["currency"] == "EUR", put.content
+
+    InstancePrice.objects.create(project=None, instance_type="cpu", price_per_node_hour=Decimal("0.2"), currency="USD")
+    mixed = client.put("/api/v1/projects/acme/instance-prices/gpu/", {"price_per_node_hour": "2", "currency": "EUR"},
+                       format="json")
+    assert mixed.status_code == 400 and "are in USD" in mixed.json()["error"]["fields"]["currency"][0], mixed.content
+    # A cpu price of its own in EUR replaces the site's USD one: then no type of the project is
+    # priced in USD, and gpu may change in EUR again.
+    assert client.put("/api/v1/projects/acme/instance-prices/cpu/", {"price_per_node_hour": "0.1", "currency": "EUR"},
+                      format="json").status_code == 200
+    assert client.put("/api/v1/projects/acme/instance-prices/gpu/", {"price_per_node_hour": "2", "currency": "EUR"},
+                      format="json").status_code == 200
+    assert client.put("/api/v1/projects/acme/instance-prices/tpu/", {"price_per_node_hour": "9", "currency": "USD"},
+                      format="json").status_code == 400, "USD beside the project's EUR prices"
