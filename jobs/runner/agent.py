@@ -68,6 +68,9 @@ MAX_RUNTIME_EXCEEDED = "MaxRuntimeExceeded"
 # Set by a node other than node 0 whose launcher ended in a teardown abort: node 0 stops
 # waiting in torchrun's exit barrier for it.
 LAUNCHER_ENDED_KEY = "trainyard:job:{job_id}:attempt:{attempt}:launcher-ended:{node_rank}"
+# A node whose ranks all succeeded and whose torchrun waits in its exit barrier (3+ nodes: for
+# a node whose ranks aborted at teardown): node 0 ends the barrier for all (see above).
+IN_BARRIER_KEY = "trainyard:job:{job_id}:attempt:{attempt}:in-exit-barrier:{node_rank}"
 GONE = "<deleted>"  # the job's row no longer exists: end its processes
 
 
@@ -155,7 +158,8 @@ class NodeRun:
         self.sampler: guard.SystemSampler | None = None
         self.syncer: PeriodicSync | None = None
         self.exit_code: int | None = None
-        self._workers_seen = False  # node 0: the launcher has had worker processes
+        self._workers_seen = False  # the launcher has had worker processes
+        self._barrier_ending_since: float | None = None  # node 0 told the others to end the exit barrier
         self._cold_launch = False  # torchrun, not a warm pool's fork server
         self._reported: dict = {}
         self.environment: envs.JobEnvironment | None = None  # a script's requirements.txt, installed
@@ -424,8 +428,10 @@ class NodeRun:
                 continue
             reason = self._stop_reason(max_runtime, launched)
             if not reason and self._only_the_exit_barrier_left():
-                self.capture_note("our ranks finished and the other nodes' launchers have ended (their ranks aborted "
-                                  "at teardown): ending torchrun's exit barrier, which would wait for them 300 s")
+                self.capture_note("our ranks finished and the other nodes' launchers have ended or wait (a node's "
+                                  "ranks aborted at teardown): ending torchrun's exit barrier, which would wait 300 s"
+                                  if self.is_leader else "our ranks finished and node 0 ends torchrun's exit barrier "
+                                  "(a node's ranks aborted at teardown): ending ours")
                 reason = "barrier"
             if reason:
                 ended_by = reason
@@ -516,14 +522,19 @@ class NodeRun:
         return self._upload_and_complete(teardown_abort=bool(verdict.note))
 
     def _only_the_exit_barrier_left(self) -> bool:
-        """Node 0 of a multi-node cold launch. torchrun, once its local workers succeeded,
-        waits up to 300 s in its exit barrier for the other nodes' torchruns; a node whose
-        ranks aborted at teardown never gets there (its torchrun failed) and waits for our
-        result instead (_leader_verdict). True when our workers ran and are all gone while
-        the launcher lives on, and every other node's launcher has ended that way or its
-        attempt is closed. (torchrun, run with --max_restarts 0, returns at once when a
-        local worker fails: a launcher without workers has seen them succeed.)"""
-        if not self.is_leader or self.job.instance_count <= 1 or not self._cold_launch or self.process is None:
+        """A multi-node cold launch whose local workers succeeded. torchrun then waits up to
+        300 s in its exit barrier for every node's torchrun; a node whose ranks aborted at
+        teardown never gets there (its torchrun failed) and waits for node 0's result
+        instead (_leader_verdict), saying so under LAUNCHER_ENDED_KEY.
+
+        Node 0: True once every other node's launcher has ended that way, its attempt is
+        closed, or it waits in the barrier too (IN_BARRIER_KEY), and at least one will never
+        arrive — but first it tells the waiting nodes (its own LAUNCHER_ENDED_KEY) and gives
+        them a few polls to end theirs, so none sees node 0's store vanish under its barrier.
+        Another node: says it waits in the barrier, and True once node 0 has said it ends its.
+        (torchrun, run with --max_restarts 0, returns at once when a local worker fails: a
+        launcher without workers has seen them succeed.)"""
+        if self.job.instance_count <= 1 or not self._cold_launch or self.process is None:
             return False
         try:
             workers = [child for child in psutil.Process(self.process.pid).children()
@@ -533,17 +544,41 @@ class NodeRun:
         if workers:
             self._workers_seen = True
             return False
+        if self.guard is not None and self.guard.seen_pids:
+            self._workers_seen = True  # the guard's faster sampling saw some
         if not self._workers_seen:
             return False  # still in the rendezvous
         from studio.redis_conn import redis_client
 
+        def key(template: str, rank: int) -> str:
+            return template.format(job_id=self.job_id, attempt=self.attempt, node_rank=rank)
+
         try:
+            client = redis_client()
+            if not self.is_leader:
+                client.set(key(IN_BARRIER_KEY, self.node_rank), "1", ex=24 * 3600)
+                if client.get(key(LAUNCHER_ENDED_KEY, 0)) is None:
+                    return False
+                client.set(key(LAUNCHER_ENDED_KEY, self.node_rank), "barrier", ex=24 * 3600)
+                return True
             closed = set(JobAttempt.objects.filter(job_id=self.job_id, attempt=self.attempt, finished_at__isnull=False)
                          .values_list("node_rank", flat=True))
-            client = redis_client()
-            return all(rank in closed or client.exists(LAUNCHER_ENDED_KEY.format(
-                job_id=self.job_id, attempt=self.attempt, node_rank=rank))
-                for rank in range(1, self.job.instance_count))
+            others = range(1, self.job.instance_count)
+            said = {rank: client.get(key(LAUNCHER_ENDED_KEY, rank)) for rank in others}
+            ended = {rank for rank in others if rank in closed or said[rank] is not None}
+            never_arriving = {rank for rank in ended if rank in closed or said[rank] != b"barrier"}
+            waiting = {rank for rank in others if rank not in ended and client.exists(key(IN_BARRIER_KEY, rank))}
+            if not never_arriving or len(ended) + len(waiting) < len(others):
+                return False  # a node still trains, or every node's torchrun reaches the barrier by itself
+            if not waiting:
+                return True
+            if self._barrier_ending_since is None:
+                client.set(key(LAUNCHER_ENDED_KEY, 0), "barrier", ex=24 * 3600)
+                self._barrier_ending_since = time.monotonic()
+                self.capture_note(f"node(s) {', '.join(map(str, sorted(waiting)))} wait in torchrun's exit barrier "
+                                  "too: telling them to end theirs first")
+            # Those that do not answer within a few polls end when node 0's store goes.
+            return time.monotonic() - self._barrier_ending_since > 4 * self.config.poll_seconds + 5
         except Exception:  # noqa: BLE001 - ask again at the next poll
             close_old_connections()
             return False

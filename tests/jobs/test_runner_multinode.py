@@ -59,3 +59,34 @@ def test_a_teardown_abort_on_node_1_while_rank_0_still_writes_the_model_leaves_t
     assert _members(job.model_uri) == {"model.txt": b"trained"}
     notes = " ".join(job.events.values_list("message", flat=True))
     assert "teardown abort on node 1: rank 1 aborted at exit" in notes
+
+
+@pytest.fixture
+def third_node(node, second_node, node_worker: NodeWorker, isolated_storage, tmp_path) -> Iterator[Node]:
+    worker = start_worker(f"test-node3-{uuid.uuid4().hex[:6]}", node_env(isolated_storage, node_worker.data_dir),
+                          tmp_path / "third-worker.log")
+    try:
+        yield register_node(name=worker.name, instance_type="cpu", pid=worker.process.pid)
+    finally:
+        stop_worker(worker)
+
+
+def test_a_teardown_abort_on_one_of_three_nodes_does_not_hold_the_others_in_torchruns_exit_barrier(
+        node, second_node, third_node, make_job):
+    # Node 1's ranks abort at exit; node 2's end cleanly, so its torchrun and node 0's wait in
+    # the exit barrier for node 1's, which never comes (300 s). Node 0 ends the barrier for
+    # both once node 1 has said it ended and node 2 that it waits.
+    job = make_job(script="teardown_abort_one_of_three.py",
+                   resources={"instance_type": "cpu", "instance_count": 3, "processes_per_node": 1})
+
+    job = run_to_end(job, timeout=150)
+
+    assert job.status == JobStatus.COMPLETED, job.failure_reason
+    assert _members(job.model_uri) == {"model.txt": b"trained"}
+    notes = " ".join(job.events.values_list("message", flat=True))
+    assert "teardown abort on node 1: rank 1 aborted at exit" in notes
+    wait_for(lambda: not JobAttempt.objects.filter(job=job, finished_at__isnull=True).exists(), timeout=60,
+             message="the three nodes to close their attempts")
+    outcomes = dict(JobAttempt.objects.filter(job=job).values_list("node_rank", "outcome"))
+    assert outcomes == {0: "completed", 1: "completed", 2: "completed"}, outcomes
+    assert (job.finished_at - job.started_at).total_seconds() < 120, "nobody waited out the 300 s barrier"
