@@ -16,7 +16,7 @@ from rest_framework.views import APIView
 
 from jobs import cost
 from studio.access import get_project_for_user
-from studio.api import ApiError, PaginatedAPIView, paginate
+from studio.api import ApiError, KnownFieldsOnly, PaginatedAPIView, paginate
 
 INSTANCE_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 PRICE_HELP = "≥ 0 and at most {max}, up to 6 decimal places."
@@ -53,7 +53,7 @@ class InstancePriceSerializer(serializers.Serializer):
     updated_by = serializers.CharField(allow_null=True)
 
 
-class InstancePriceSetSerializer(serializers.Serializer):
+class InstancePriceSetSerializer(KnownFieldsOnly):
     price_per_node_hour = price_field("Per node-hour.")
     price_per_gpu_hour = price_field("Per GPU-hour, on top of the node price.", required=False, default=cost.ZERO)
     currency = serializers.CharField(required=False, max_length=3, help_text="ISO 4217, e.g. USD; default STUDIO_CURRENCY.")

@@ -94,6 +94,11 @@ class JobRuleListView(PaginatedAPIView):
             if type(rule_id) is not int:
                 raise ApiError("id: Must be an integer id.", fields={"id": ["Must be an integer id."]})
             rule = rules.filter(pk=rule_id).first()
+            if "new_name" in body:  # the schema offers it beside id too: the same rename as "name"
+                if "name" in body and body["name"] != body["new_name"]:
+                    raise ApiError('new_name: give the new name once, as "name" or as "new_name".',
+                                   fields={"new_name": ["Two different new names."]})
+                body["name"] = body.pop("new_name")
         elif isinstance(body.get("name"), str):
             rule = rules.filter(name=body.pop("name")).first()
             if "new_name" in body:

@@ -14,6 +14,7 @@ from jobs.patterns import compile_pattern
 from jobs.patterns import error as PatternError
 from jobs.rules.common import RULE_TYPES
 from jobs.sagemaker_distribution import DistributionField, SageMakerDistribution
+from studio.api import KnownFieldsOnly
 from studio.validators import clean_name
 
 RESERVED_ENV_PREFIXES = ("SM_", "TRAINYARD_")
@@ -24,12 +25,12 @@ AVAILABLE_DISTRIBUTIONS = (Distribution.NONE, Distribution.DDP, Distribution.FSD
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 
 
-class ScriptSerializer(serializers.Serializer):
+class ScriptSerializer(KnownFieldsOnly):
     uri = serializers.CharField(max_length=1024)
     entry_point = serializers.CharField(max_length=255, required=False, allow_blank=True, default="")
 
 
-class ResourcesSerializer(serializers.Serializer):
+class ResourcesSerializer(KnownFieldsOnly):
     instance_type = serializers.RegexField(r"^[a-z0-9][a-z0-9_-]{0,31}$", required=False, default="cpu",
                                            error_messages={"invalid": "Use a node queue name such as 'cpu' or 'gpu'."})
     instance_count = serializers.IntegerField(min_value=1, max_value=256, required=False, default=1)
@@ -37,16 +38,16 @@ class ResourcesSerializer(serializers.Serializer):
     memory_limit_mb = serializers.IntegerField(min_value=64, required=False, allow_null=True, default=None)
 
 
-class StoppingSerializer(serializers.Serializer):
+class StoppingSerializer(KnownFieldsOnly):
     max_runtime_seconds = serializers.IntegerField(min_value=1, max_value=MAX_RUNTIME_LIMIT, required=False, allow_null=True)
 
 
-class CheckpointSerializer(serializers.Serializer):
+class CheckpointSerializer(KnownFieldsOnly):
     uri = serializers.CharField(max_length=1024, required=False, allow_blank=True, default="")
     every_steps = serializers.IntegerField(min_value=0, required=False, default=0)
 
 
-class MetricDefinitionSerializer(serializers.Serializer):
+class MetricDefinitionSerializer(KnownFieldsOnly):
     name = serializers.RegexField(r"^[A-Za-z_][A-Za-z0-9_./:-]{0,199}$",
                                   error_messages={"invalid": "Metric names start with a letter and use letters, digits, _ . / : -"})
     regex = serializers.CharField(max_length=1000)
@@ -61,7 +62,7 @@ class MetricDefinitionSerializer(serializers.Serializer):
         return value
 
 
-class PipelineSerializer(serializers.Serializer):
+class PipelineSerializer(KnownFieldsOnly):
     """`distribution: "pipeline"`: the model's layers cut into `stages` contiguous stages,
     one per process; each batch split into `microbatches`. With `ddp`, a world larger than
     the stages holds several pipeline replicas, data parallel across them."""
@@ -92,7 +93,7 @@ class PipelineSerializer(serializers.Serializer):
         return attrs
 
 
-class RuleSpecSerializer(serializers.Serializer):
+class RuleSpecSerializer(KnownFieldsOnly):
     """One rule as a submission or POST /jobs/<id>/rules/ gives it (the schema's view of it;
     jobs.rules.engine.check_rule does the checking)."""
 
@@ -155,7 +156,7 @@ class AlarmTransitionSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class JobCreateSerializer(serializers.Serializer):
+class JobCreateSerializer(KnownFieldsOnly):
     project = serializers.CharField(max_length=63)
     name = serializers.CharField(max_length=200)
     algorithm = serializers.CharField(max_length=64, required=False, allow_blank=True, default="")

@@ -4,19 +4,48 @@ which DRF imports while it loads)."""
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied, RequestDataTooBig, SuspiciousOperation
 from django.http import Http404
-from rest_framework import exceptions, status
+from rest_framework import exceptions, serializers, status
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView, exception_handler
 
 from studio.errors import ActionError
 from studio.parsers import field_path
+
+
+class KnownFieldsOnly(serializers.Serializer):
+    """A request body whose keys the serializer does not know is a 400 naming each (and the
+    nearest known name), not a body DRF quietly drops them from: `"stopping":
+    {"max_runtime": 60}` ran with no limit, `"resources": {"memory_mb": 512}` with none, and a
+    generated client's typo went unseen. Nested serializers that inherit it are checked too
+    (the path names the key: `resources.memory_mb`); a key that belongs one level down is
+    pointed there (`instance_count` → `resources.instance_count`). The schema says so
+    (additionalProperties false: studio.schema.StudioAutoSchema)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            unknown = [key for key in data if key not in self.fields]
+            if unknown:
+                raise serializers.ValidationError({str(key): [self.unknown_field_message(str(key))] for key in unknown})
+        return super().to_internal_value(data)
+
+    def unknown_field_message(self, key: str) -> str:
+        known = [name for name, field in self.fields.items() if not field.read_only]
+        nested = [f"{name}.{inner}" for name, field in self.fields.items() if not field.read_only
+                  for inner in getattr(getattr(field, "child", field), "fields", {})]
+        near = (difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+                or [name for name in nested if name.split(".", 1)[1] == key]
+                or [name for name in known if key.lower() in name.lower() or name.lower() in key.lower()])
+        hint = f"did you mean {near[0]}? The" if near else "the"
+        return f"is not a field here; {hint} fields are {', '.join(known)}."
 
 
 class PagePagination(PageNumberPagination):

@@ -21,13 +21,13 @@ from rest_framework.views import APIView
 
 from studio import notify
 from studio.access import get_project_for_user, role_allows, signed_in
-from studio.api import MAX_ID, PaginatedAPIView, paginate
+from studio.api import MAX_ID, KnownFieldsOnly, PaginatedAPIView, paginate
 from studio.models import Delivery, NotificationChannel, Project
 from studio.validators import clean_name
 
 
 # --- request bodies -------------------------------------------------------------------------
-class _ChannelFields(serializers.Serializer):
+class _ChannelFields(KnownFieldsOnly):
     name = serializers.CharField(max_length=100, help_text="Unique in the project, 1–100 characters.")
     url = serializers.CharField(max_length=2000, required=False, allow_blank=True,
                                 help_text="Webhooks: the http(s) URL deliveries are POSTed to.")

@@ -12,7 +12,7 @@ from drf_spectacular.plumbing import build_array_type
 from rest_framework import serializers
 from rest_framework.settings import api_settings
 
-from studio.api import PaginatedAPIView
+from studio.api import KnownFieldsOnly, PaginatedAPIView
 
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):
@@ -88,6 +88,14 @@ class StudioAutoSchema(AutoSchema):
       ready yet), 413/415 with a body;
     - a download (a binary 200) may instead redirect (302) to a presigned link; a stored
       file documented as application/octet-stream is served with its own type (*/*)."""
+
+    def _map_basic_serializer(self, serializer, direction):
+        # A body the API refuses unknown keys in says so: a client generator then has no
+        # catch-all property that would be sent and refused (studio.api.KnownFieldsOnly).
+        result = super()._map_basic_serializer(serializer, direction)
+        if direction == "request" and isinstance(serializer, KnownFieldsOnly):
+            result["additionalProperties"] = False
+        return result
 
     def map_parsers(self) -> list:
         # A view that keeps the default parsers takes JSON: form and multipart bodies are

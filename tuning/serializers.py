@@ -11,6 +11,7 @@ from rest_framework import serializers
 
 from jobs.models import FINISHED_STATUSES, PRUNED_STOP_REASONS, RULE_TRIGGERED, JobStatus, TrainingJob
 from jobs.serializers import JobCreateSerializer
+from studio.api import KnownFieldsOnly
 from studio.validators import clean_name
 from tuning import ranges
 from tuning.models import EarlyStopping, Strategy, TuningJob
@@ -34,7 +35,7 @@ class BaseJobSerializer(JobCreateSerializer):
         return value.strip()
 
 
-class ObjectiveSerializer(serializers.Serializer):
+class ObjectiveSerializer(KnownFieldsOnly):
     metric = serializers.RegexField(r"^[A-Za-z_][A-Za-z0-9_./:-]{0,199}$", error_messages={
         "invalid": "Metric names start with a letter and use letters, digits, _ . / : -"})
     goal = serializers.ChoiceField(choices=GOALS)
@@ -51,7 +52,7 @@ class ParameterRangesField(serializers.DictField):
     pass
 
 
-class TuningJobCreateSerializer(serializers.Serializer):
+class TuningJobCreateSerializer(KnownFieldsOnly):
     project = serializers.CharField(max_length=63)
     name = serializers.CharField(max_length=NAME_MAX_LENGTH)
     base_job = BaseJobSerializer()

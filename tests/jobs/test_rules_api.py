@@ -242,3 +242,14 @@ def test_the_bodies_the_rules_api_takes_are_valid_under_its_schema(owner, client
     rule.refresh_from_db()
     assert rule.name == "quiet" and rule.enabled is False
     assert not change.is_valid({"id": "one"})
+    # Beside an id, new_name renames too (the schema offers both in one body).
+    patch = {"id": rule.pk, "new_name": "hushed"}
+    assert change.is_valid(patch)
+    response = client.patch(f"/api/v1/jobs/{running.pk}/rules/", patch, format="json")
+    assert response.status_code == 200, response.json()
+    assert response.json()["name"] == "hushed"
+    twice = client.patch(f"/api/v1/jobs/{running.pk}/rules/", {**patch, "name": "other"}, format="json")
+    assert twice.status_code == 400 and "new_name" in twice.json()["error"]["fields"]
+    # A key the API refuses, the schema refuses too.
+    assert not change.is_valid({"id": rule.pk, "bogus": 1})
+    assert not submit.is_valid(body(version, rules=[{"type": "stalled", "bogus": 1}]))
