@@ -6,6 +6,8 @@ networks)."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import time
 import urllib.request
 from datetime import timedelta
@@ -225,6 +227,21 @@ def test_a_real_http_scrape_parses(live_server, project):
                for family in text_string_to_metric_families(text) for s in family.samples}
     assert samples[("trainyard_queue_depth", (("instance_type", "cpu"),))] == 1
     assert samples[("trainyard_jobs", (("instance_type", "cpu"), ("status", "Pending")))] == 1
+
+
+PROMTOOL = shutil.which("promtool")
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (Debian's prometheus package; .ci/run installs it)")
+def test_promtool_finds_nothing_to_fix_in_a_scrape(cluster, clean_stats):
+    """Prometheus's own linter on what a scrape gets, every family present (the flusher's
+    counters too): names, units, _total on counters, help text."""
+    clean_stats.hset(FLUSHER_STATS, "flusher-a", json.dumps({"written": 10, "dropped": 1, "cycle_at": time.time(),
+                                                              "lag": 0.5}))
+    text = Client().get("/metrics").content
+    assert b"trainyard_metric_points_written_total" in text and b"trainyard_node_gpu_utilization_percent" in text
+    checked = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, timeout=60)
+    assert checked.returncode == 0 and not checked.stdout.strip(), (checked.stdout + checked.stderr).decode()
 
 
 # --- the flushers' own figures ---------------------------------------------------------------
