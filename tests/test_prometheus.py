@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import time
+import urllib.parse
 import urllib.request
 from datetime import timedelta
 
@@ -242,6 +244,58 @@ def test_promtool_finds_nothing_to_fix_in_a_scrape(cluster, clean_stats):
     assert b"trainyard_metric_points_written_total" in text and b"trainyard_node_gpu_utilization_percent" in text
     checked = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, timeout=60)
     assert checked.returncode == 0 and not checked.stdout.strip(), (checked.stdout + checked.stderr).decode()
+
+
+PROMETHEUS = shutil.which("prometheus")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.skipif(PROMETHEUS is None, reason="prometheus is not installed (Debian's prometheus package; .ci/run installs it)")
+@pytest.mark.django_db(transaction=True)
+def test_a_real_prometheus_scrapes_the_studio_and_its_query_gives_the_apis_figure(live_server, project, owner,
+                                                                                  client_for, tmp_path):
+    """Prometheus itself, told to scrape the studio every second: its target is up and a
+    PromQL query of the queue depth gives what the API's jobs list counts."""
+    for number in range(3):
+        make_job(project, f"queued-{number}", JobStatus.PENDING)
+    pending = client_for(owner).get("/api/v1/jobs/?status=Pending").json()["count"]
+    host = live_server.url.removeprefix("http://")
+    (tmp_path / "prometheus.yml").write_text(
+        "global: {scrape_interval: 1s, scrape_timeout: 1s, evaluation_interval: 1s}\n"
+        f"scrape_configs: [{{job_name: trainyard, metrics_path: /metrics, static_configs: [{{targets: ['{host}']}}]}}]\n")
+    port = _free_port()
+    log = tmp_path / "prometheus.log"
+
+    def query(promql: str) -> list:
+        url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return json.load(response)["data"]["result"]
+        except OSError:
+            return []  # not listening yet
+
+    with log.open("wb") as output:
+        server = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
+                                   f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+                                  stdout=output, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not query('trainyard_queue_depth{instance_type="cpu"}'):
+                assert server.poll() is None, log.read_text()[-2000:]
+                time.sleep(0.5)
+            depth = query('trainyard_queue_depth{instance_type="cpu"}')
+            assert depth, log.read_text()[-2000:]
+            assert float(depth[0]["value"][1]) == pending == 3
+            assert float(query('up{job="trainyard"}')[0]["value"][1]) == 1
+            assert float(query('sum(trainyard_jobs{status="Pending"})')[0]["value"][1]) == pending
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
 
 
 # --- the flushers' own figures ---------------------------------------------------------------
