@@ -6,6 +6,7 @@ networks)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -13,8 +14,10 @@ import time
 import urllib.parse
 import urllib.request
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
+import yaml
 from django.test import Client, override_settings
 from django.utils import timezone
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -244,6 +247,26 @@ def test_promtool_finds_nothing_to_fix_in_a_scrape(cluster, clean_stats):
     assert b"trainyard_metric_points_written_total" in text and b"trainyard_node_gpu_utilization_percent" in text
     checked = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, timeout=60)
     assert checked.returncode == 0 and not checked.stdout.strip(), (checked.stdout + checked.stderr).decode()
+
+
+ALERTS = Path(__file__).resolve().parents[1] / "docs" / "prometheus" / "trainyard-alerts.yml"
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (Debian's prometheus package; .ci/run installs it)")
+def test_the_shipped_alert_rules_pass_promtools_checks_and_their_own_tests(cluster, clean_stats):
+    """docs/prometheus/trainyard-alerts.yml: valid rules, whose unit tests (each alert fires
+    after its `for` on the series that should fire it) pass, and which name only series a
+    scrape really has."""
+    for command in (["check", "rules", ALERTS.name], ["test", "rules", "trainyard-alerts.test.yml"]):
+        checked = subprocess.run([PROMTOOL, *command], cwd=ALERTS.parent, capture_output=True, timeout=120)
+        assert checked.returncode == 0, (checked.stdout + checked.stderr).decode()
+    clean_stats.hset(FLUSHER_STATS, "flusher-a", json.dumps({"written": 1, "dropped": 0, "cycle_at": time.time(),
+                                                              "lag": 0.0}))
+    scraped = {line.split("{")[0].split(" ")[0] for line in Client().get("/metrics").content.decode().splitlines()
+               if line and not line.startswith("#")}
+    named = {name for group in yaml.safe_load(ALERTS.read_text())["groups"] for rule in group["rules"]
+             for name in re.findall(r"\btrainyard_[a-z_]+", rule["expr"])}
+    assert named and named <= scraped, named - scraped
 
 
 PROMETHEUS = shutil.which("prometheus")
