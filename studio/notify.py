@@ -226,11 +226,26 @@ def _json_ready(value: Any) -> Any:
     return value
 
 
+def public_link(path: str) -> str | None:
+    """`path` on the studio as its users reach it (STUDIO_PUBLIC_URL), None when unset."""
+    base = getattr(settings, "STUDIO_PUBLIC_URL", "")
+    return f"{base}{path}" if base else None
+
+
+def _text(event: str, payload: dict) -> str:
+    """What a person reads: the sender's own `text`, else its summary, else the event."""
+    for key in ("text", "summary"):
+        if isinstance(payload.get(key), str) and payload[key].strip():
+            return payload[key]
+    return f"Trainyard event {event}"
+
+
 def _create_delivery(channel: NotificationChannel, event: str, payload: dict, now) -> Delivery:
     event = event[:64]
     delivery = Delivery.objects.create(channel=channel, event=event, payload={}, created_at=now)
+    # `text` on top, as Slack-style incoming webhooks read a message; the e-mail's body.
     body = {"event": event, "delivery": delivery.pk, "project": channel.project.slug,
-            "sent_at": now.isoformat(), "data": payload}
+            "sent_at": now.isoformat(), "text": _text(event, payload), "data": payload}
     # Through DjangoJSONEncoder and back: datetimes, decimals and UUIDs as JSON writes them,
     # so what is stored is exactly what is sent.
     delivery.payload = json.loads(json.dumps(_json_ready(body), cls=DjangoJSONEncoder, allow_nan=False))
@@ -388,7 +403,9 @@ def _send_email(channel: NotificationChannel, delivery: Delivery) -> tuple[int |
     data = delivery.payload.get("data") if isinstance(delivery.payload.get("data"), dict) else {}
     summary = str((data or {}).get("summary") or delivery.event)
     subject = " ".join(f"[Trainyard {delivery.payload.get('project', '')}] {summary}".split())[:200]
-    message = json.dumps(delivery.payload, indent=2, sort_keys=True, ensure_ascii=False)
+    text = delivery.payload.get("text") or _text(delivery.event, data or {})  # a delivery stored before `text`
+    message = (f"{text}\n\n-- \nThe event as a webhook gets it (delivery {delivery.pk}):\n"
+               + json.dumps(delivery.payload, indent=2, sort_keys=True, ensure_ascii=False))
     try:
         mail.send_mail(subject, message, None, list(channel.emails), fail_silently=False)
     except ConnectionRefusedError:

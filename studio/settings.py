@@ -175,6 +175,9 @@ EMAIL_BACKEND = env_str("STUDIO_EMAIL_BACKEND", "django.core.mail.backends.conso
 EMAIL_HOST = env_str("STUDIO_EMAIL_HOST", "localhost")
 EMAIL_PORT = env_int("STUDIO_EMAIL_PORT", 25)
 DEFAULT_FROM_EMAIL = env_str("STUDIO_EMAIL_FROM", "trainyard@localhost")
+# The studio's address as its users reach it (https://studio.example.com): notifications link
+# to the job with it. Empty: they carry no link (a worker cannot know the address itself).
+STUDIO_PUBLIC_URL = env_str("STUDIO_PUBLIC_URL", "").rstrip("/")
 # Site-wide prices per instance type, JSON: {"cpu": 0.12, "gpu": {"node": 1.0, "gpu": 2.5}}
 # (per node-hour; "gpu" per GPU-hour on top). A project admin's price wins over these.
 STUDIO_INSTANCE_PRICES = env_str("STUDIO_INSTANCE_PRICES", "{}")

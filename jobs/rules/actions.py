@@ -15,6 +15,7 @@ Each action's outcome is kept on the transition (`actions_taken`)."""
 from __future__ import annotations
 
 import logging
+from datetime import UTC
 from typing import Any
 
 from django.db import transaction
@@ -90,8 +91,20 @@ def _tag(rule: JobRule, tag: str) -> dict[str, Any]:
 
 
 def alarm_payload(rule: JobRule, job: TrainingJob, row: AlarmTransition, t: Transition) -> dict[str, Any]:
+    from studio.notify import public_link
+
+    url = public_link(f"/jobs/{rule.job_id}/")
+    at = row.at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    where = f", step {t.step}" if t.step is not None else ""
+    text = "\n".join(line for line in (
+        f"{t.to_state}: rule {rule.name} ({rule.type}) on job {job.name} (#{rule.job_id}, project {job.project.slug})",
+        f"Why: {t.reason}",
+        f"{t.from_state} → {t.to_state} at {at}{where}; the job is {job.status}.",
+        url) if line)
     return {
         "summary": f"{job.name}: rule {rule.name} is {t.to_state} ({t.reason})",
+        "text": text,
+        "url": url,
         "job": {"id": rule.job_id, "name": job.name, "status": job.status, "project": job.project.slug},
         "rule": {"id": rule.pk, "name": rule.name, "type": rule.type},
         "transition": {"id": row.pk, "from": t.from_state, "to": t.to_state, "at": row.at.isoformat(), "step": t.step,

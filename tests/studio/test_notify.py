@@ -260,7 +260,11 @@ def test_an_email_channel_sends_through_the_mail_backend(project):
     [message] = mail.outbox
     assert message.to == ["a@example.com", "b@example.com"] and message.from_email == "ty@example.com"
     assert message.subject == "[Trainyard acme] loss is NaN on job 7"
-    assert json.loads(str(message.body)) == Delivery.objects.get(pk=delivery_id).payload
+    # A person reads the summary first; the event as a webhook gets it follows the signature line.
+    text, _, event = str(message.body).partition("\n\n-- \n")
+    assert text == "loss\nis NaN on job 7"
+    assert json.loads(event.split("\n", 1)[1]) == Delivery.objects.get(pk=delivery_id).payload
+    assert Delivery.objects.get(pk=delivery_id).payload["text"] == "loss\nis NaN on job 7"
 
 
 @override_settings(EMAIL_BACKEND="django.core.mail.backends.smtp.EmailBackend", EMAIL_HOST="127.0.0.1",
