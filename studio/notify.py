@@ -43,6 +43,7 @@ from django.utils import timezone
 
 from studio.errors import ActionError, FieldError
 from studio.models import Delivery, NotificationChannel, Project
+from studio.networks import Network, in_networks, networks
 from studio.version import VERSION
 
 if TYPE_CHECKING:
@@ -114,7 +115,27 @@ def webhook_url_problem(url: str) -> str | None:
         return "Leave credentials out of the URL; receivers check the signature header instead."
     if port == 0:
         return "Not a valid port."
+    if in_networks(parts.hostname, denied_networks()):
+        return f"{parts.hostname} is in STUDIO_WEBHOOK_DENIED_NETWORKS: the studio sends no webhook there."
     return None
+
+
+def denied_networks() -> tuple[Network, ...]:
+    return networks(tuple(getattr(settings, "STUDIO_WEBHOOK_DENIED_NETWORKS", ())), "STUDIO_WEBHOOK_DENIED_NETWORKS")
+
+
+def _denied_address(host: str, port: int | None) -> str | None:
+    """The first address `host` resolves to that is in STUDIO_WEBHOOK_DENIED_NETWORKS, or
+    None (a name that does not resolve is left to the POST, which says so). Checked before
+    each try: a name may point somewhere new since the channel was saved."""
+    denied = denied_networks()
+    if not denied:
+        return None
+    try:
+        found = socket.getaddrinfo(host, port or 443, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return None
+    return next((str(info[4][0]) for info in found if in_networks(str(info[4][0]), denied)), None)
 
 
 def email_problem(address: str) -> str | None:
@@ -348,6 +369,10 @@ def _post_webhook(channel: NotificationChannel, delivery: Delivery) -> tuple[int
     problem = webhook_url_problem(channel.url)
     if problem:
         return None, problem
+    parts = urlsplit(channel.url)
+    if address := _denied_address(parts.hostname or "", parts.port):
+        return None, (f"{parts.hostname} resolves to {address}, which is in STUDIO_WEBHOOK_DENIED_NETWORKS: "
+                      "not sent")
     body = body_bytes(delivery.payload)
     headers = {
         "Content-Type": "application/json",

@@ -171,6 +171,11 @@ STUDIO_RULES_TICK_SECONDS = float(env_int("STUDIO_RULES_TICK_SECONDS", 1))
 STUDIO_WEBHOOK_ATTEMPTS = env_int("STUDIO_WEBHOOK_ATTEMPTS", 5)
 STUDIO_WEBHOOK_BACKOFF_SECONDS = float(env_int("STUDIO_WEBHOOK_BACKOFF_SECONDS", 2))
 STUDIO_WEBHOOK_TIMEOUT_SECONDS = float(env_int("STUDIO_WEBHOOK_TIMEOUT_SECONDS", 10))
+# Networks no webhook is sent to, whatever a project admin enters (studio.notify): by default
+# link-local ones, where clouds serve instance metadata and credentials (169.254.169.254,
+# fd00:ec2::254). Add private ranges to keep webhooks off the studio's own network.
+STUDIO_WEBHOOK_DENIED_NETWORKS = [n.strip() for n in env_str(
+    "STUDIO_WEBHOOK_DENIED_NETWORKS", "169.254.0.0/16,fe80::/10,fd00:ec2::254/128").split(",") if n.strip()]
 EMAIL_BACKEND = env_str("STUDIO_EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 EMAIL_HOST = env_str("STUDIO_EMAIL_HOST", "localhost")
 EMAIL_PORT = env_int("STUDIO_EMAIL_PORT", 25)

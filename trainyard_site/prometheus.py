@@ -35,15 +35,12 @@ whatever the number of jobs, points or loops. The figures are the API's:
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import logging
 from collections import defaultdict
 from collections.abc import Iterator
 from datetime import datetime
-from functools import lru_cache
 
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
 from django.db.models import Count, Min, Sum
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
@@ -57,6 +54,7 @@ from jobs.metrics.ingest import read_flusher_stats
 from jobs.models import FINISHED_STATUSES, JobRule, JobStatus, Node, NodeState, RuleState, TrainingJob
 from jobs.node_overview import DEFAULT_INSTANCE_TYPE, shown_state_expression
 from review.models import FlowDefinition, HumanLoop, LoopStatus
+from studio.networks import in_networks, networks
 from studio.redis_conn import redis_client
 
 log = logging.getLogger(__name__)
@@ -206,25 +204,9 @@ REGISTRY.register(StudioCollector())
 
 
 # --- who may scrape ------------------------------------------------------------------------------
-@lru_cache(maxsize=8)
-def _networks(cidrs: tuple[str, ...]) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
-    try:
-        return tuple(ipaddress.ip_network(cidr, strict=False) for cidr in cidrs)
-    except ValueError as exc:
-        raise ImproperlyConfigured(f"STUDIO_METRICS_ALLOWED_NETWORKS: {exc}") from exc
-
-
 def _from_allowed_network(request: HttpRequest) -> bool:
-    try:
-        address = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))
-    except ValueError:
-        return False
-    candidates = [address]
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        candidates.append(address.ipv4_mapped)  # a dual-stack listener reports ::ffff:10.0.0.5
-    networks = _networks(tuple(settings.STUDIO_METRICS_ALLOWED_NETWORKS))
-    return any(candidate in network for candidate in candidates for network in networks
-               if candidate.version == network.version)
+    allowed = networks(tuple(settings.STUDIO_METRICS_ALLOWED_NETWORKS), "STUDIO_METRICS_ALLOWED_NETWORKS")
+    return in_networks(request.META.get("REMOTE_ADDR", ""), allowed)
 
 
 def _has_token(request: HttpRequest, token: str) -> bool:

@@ -242,6 +242,24 @@ def test_a_channel_disabled_before_its_delivery_goes_stops_it(project, receiver)
     assert notify.deliver(test_id) == "delivered" and len(receiver.requests) == 1
 
 
+@override_settings(STUDIO_WEBHOOK_DENIED_NETWORKS=["127.0.0.0/8", "::1/128"])
+def test_a_host_that_resolves_into_a_denied_network_is_not_sent_to(project, receiver):
+    # The name passes when saved; each try resolves it and refuses a denied address (a name
+    # can be pointed at the metadata service after the channel was saved).
+    channel, _ = webhook(project, receiver.url.replace("127.0.0.1", "localhost"))
+    [delivery_id] = notify.notify(project.pk, "e", {})
+    assert notify.deliver(delivery_id) == "pending"
+    error = Delivery.objects.get(pk=delivery_id).last_error
+    assert "localhost resolves to" in error and "STUDIO_WEBHOOK_DENIED_NETWORKS" in error, error
+    assert receiver.requests == []
+    with override_settings(STUDIO_WEBHOOK_DENIED_NETWORKS=[]):
+        [allowed_id] = notify.notify(project.pk, "e", {})
+        assert notify.deliver(allowed_id) == "delivered" and len(receiver.requests) == 1
+    # A literal address in a denied network is refused when the channel is saved.
+    assert "STUDIO_WEBHOOK_DENIED_NETWORKS" in notify.webhook_url_problem("http://127.0.0.1:9/x")
+    assert notify.webhook_url_problem("http://[::ffff:127.0.0.1]:9/x") is not None
+
+
 def test_a_row_that_is_not_http_is_never_fetched(project):
     channel, _ = webhook(project, "http://example.invalid/")
     NotificationChannel.objects.filter(pk=channel.pk).update(url="file:///etc/passwd")
@@ -368,6 +386,9 @@ def test_outsiders_and_reviewers_do_not_see_the_channels(project, owner, outside
     ({"name": "n", "kind": "webhook", "url": "https://user:pw@x.example/"}, "url"),
     ({"name": "n", "kind": "webhook", "url": "https://x.example:99999/"}, "url"),
     ({"name": "n", "kind": "webhook", "url": "https://x.example/" + "a" * 3000}, "url"),
+    ({"name": "n", "kind": "webhook", "url": "http://169.254.169.254/latest/meta-data/"}, "url"),  # cloud metadata
+    ({"name": "n", "kind": "webhook", "url": "http://[fd00:ec2::254]/latest/"}, "url"),
+    ({"name": "n", "kind": "webhook", "url": "http://[::ffff:169.254.169.254]/"}, "url"),
     ({"name": "n", "kind": "email"}, "emails"),
     ({"name": "n", "kind": "email", "emails": []}, "emails"),
     ({"name": "n", "kind": "email", "emails": ["not-an-address"]}, "emails"),
