@@ -16,6 +16,7 @@ from jobs.models import AlarmTransition, JobRule, JobStatus, RuleState
 from jobs.rules.actions import take_actions
 from jobs.rules.evaluation import Transition
 from studio import notify
+from studio.embedded_redis import free_port
 from studio.models import Delivery
 from tests.factories import make_job
 
@@ -62,3 +63,42 @@ def test_without_the_studios_address_an_alarm_carries_no_link(project):
     payload = Delivery.objects.get(pk=delivery_id).payload
     assert payload["data"]["url"] is None
     assert "http" not in payload["text"] and payload["text"].startswith("ALARM: rule loss-nan")
+
+
+def test_an_alarm_e_mail_goes_through_a_real_smtp_server_and_reads_the_same(project):
+    """Django's SMTP backend to aiosmtpd on a free port: the message arrives to every
+    address, its subject and UTF-8 text (the "→") intact."""
+    import email
+    import email.policy
+
+    from aiosmtpd.controller import Controller
+    from aiosmtpd.handlers import Sink
+
+    class Keep(Sink):
+        def __init__(self) -> None:
+            self.got: list[tuple[list[str], bytes]] = []
+
+        async def handle_DATA(self, server, session, envelope):  # noqa: N802 - aiosmtpd's hook name
+            self.got.append((list(envelope.rcpt_tos), envelope.original_content or envelope.content))
+            return "250 OK"
+
+    handler = Keep()
+    controller = Controller(handler, hostname="127.0.0.1", port=free_port())
+    controller.start()
+    try:
+        with override_settings(EMAIL_BACKEND="django.core.mail.backends.smtp.EmailBackend", EMAIL_HOST="127.0.0.1",
+                               EMAIL_PORT=controller.port, EMAIL_TIMEOUT=10, DEFAULT_FROM_EMAIL="ty@example.com",
+                               STUDIO_PUBLIC_URL="http://studio.lan:8000"):
+            notify.create_channel(project=project, user=None, name="team", kind="email",
+                                  emails=["a@example.com", "b@example.com"])
+            job, [delivery_id] = _fire(project)
+            assert notify.deliver(delivery_id) == "delivered"
+    finally:
+        controller.stop()
+    [(recipients, raw)] = handler.got
+    assert sorted(recipients) == ["a@example.com", "b@example.com"]
+    message = email.message_from_bytes(raw, policy=email.policy.default)
+    assert message["Subject"].startswith("[Trainyard acme] charlm: rule loss-nan is ALARM")
+    body = message.get_content()
+    assert "OK → ALARM at 2026-12-07 01:40:12 UTC, step 3000" in body
+    assert f"http://studio.lan:8000/jobs/{job.pk}/" in body
