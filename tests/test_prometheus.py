@@ -282,14 +282,18 @@ def _free_port() -> int:
 @pytest.mark.django_db(transaction=True)
 def test_a_real_prometheus_scrapes_the_studio_and_its_query_gives_the_apis_figure(live_server, project, owner,
                                                                                   client_for, tmp_path):
-    """Prometheus itself, told to scrape the studio every second: its target is up and a
-    PromQL query of the queue depth gives what the API's jobs list counts."""
+    """Prometheus itself, told to scrape the studio every second with the shipped alerting
+    rules loaded: its target is up, a PromQL query of the queue depth gives what the API's
+    jobs list counts, and a job rule in ALARM fires TrainyardRuleAlarmsFiring."""
     for number in range(3):
         make_job(project, f"queued-{number}", JobStatus.PENDING)
+    running = make_job(project, "nan", JobStatus.TRAINING)
+    JobRule.objects.create(job=running, name="non_finite", type="non_finite", state=RuleState.ALARM)
     pending = client_for(owner).get("/api/v1/jobs/?status=Pending").json()["count"]
     host = live_server.url.removeprefix("http://")
     (tmp_path / "prometheus.yml").write_text(
         "global: {scrape_interval: 1s, scrape_timeout: 1s, evaluation_interval: 1s}\n"
+        f"rule_files: ['{ALERTS}']\n"
         f"scrape_configs: [{{job_name: trainyard, metrics_path: /metrics, static_configs: [{{targets: ['{host}']}}]}}]\n")
     port = _free_port()
     log = tmp_path / "prometheus.log"
@@ -316,6 +320,11 @@ def test_a_real_prometheus_scrapes_the_studio_and_its_query_gives_the_apis_figur
             assert float(depth[0]["value"][1]) == pending == 3
             assert float(query('up{job="trainyard"}')[0]["value"][1]) == 1
             assert float(query('sum(trainyard_jobs{status="Pending"})')[0]["value"][1]) == pending
+            firing = 'ALERTS{alertname="TrainyardRuleAlarmsFiring", alertstate="firing"}'
+            while time.monotonic() < deadline and not query(firing):
+                time.sleep(0.5)
+            assert query(firing), log.read_text()[-2000:]
+            assert not query('ALERTS{alertname="TrainyardDown"}')
         finally:
             server.terminate()
             server.wait(timeout=30)
