@@ -95,15 +95,21 @@ class NotificationChannelSerializer(serializers.Serializer):
         return data
 
 
+STANDARD_SECRET_HELP = ("The same secret as Standard Webhooks libraries take it (Webhook(\"whsec_…\").verify(body, "
+                        "headers) checks webhook-id, webhook-timestamp and webhook-signature); shown this once.")
+
+
 class NotificationChannelCreatedSerializer(NotificationChannelSerializer):
     secret = serializers.CharField(read_only=True, allow_null=True, help_text=(
         "The webhook's signing secret, shown this once (null for e-mail channels). Receivers verify "
         "X-Trainyard-Signature: t=<unix time>,v1=<hex HMAC-SHA256(secret, '<t>.' + raw body)>."))
+    standard_webhooks_secret = serializers.CharField(read_only=True, allow_null=True, help_text=STANDARD_SECRET_HELP)
 
 
 class NotificationSecretSerializer(serializers.Serializer):
     id = serializers.IntegerField(read_only=True)
     secret = serializers.CharField(read_only=True, help_text="The new signing secret, shown this once.")
+    standard_webhooks_secret = serializers.CharField(read_only=True, help_text=STANDARD_SECRET_HELP)
 
 
 class NotificationDeliverySerializer(serializers.ModelSerializer):
@@ -130,7 +136,8 @@ def _is_admin(request: Request, project: Project) -> bool:
 
 
 def _created(channel: NotificationChannel, secret: str) -> dict[str, Any]:
-    return {**NotificationChannelSerializer(channel, context={"admin": True}).data, "secret": secret or None}
+    return {**NotificationChannelSerializer(channel, context={"admin": True}).data, "secret": secret or None,
+            "standard_webhooks_secret": notify.standard_webhooks_secret(secret) if secret else None}
 
 
 ADMIN_ONLY = "Project admins only; other members get a 403."
@@ -204,7 +211,8 @@ class ChannelRotateSecretView(APIView):
                                "An e-mail channel has none (409).")
     def post(self, request: Request, slug: str, pk: int) -> Response:
         _, channel = _channel(request, slug, pk, admin=True)
-        return Response({"id": channel.pk, "secret": notify.rotate_secret(channel)})
+        secret = notify.rotate_secret(channel)
+        return Response({"id": channel.pk, "secret": secret, "standard_webhooks_secret": notify.standard_webhooks_secret(secret)})
 
 
 class ChannelDeliveriesView(PaginatedAPIView):

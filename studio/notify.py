@@ -16,6 +16,7 @@ in constant time, and refuse a timestamp more than five minutes away (a replay).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
@@ -92,6 +93,25 @@ def verify(secret: str, body: bytes, header: str, *, tolerance: int = SIGNATURE_
 
 def new_secret() -> str:
     return secrets.token_urlsafe(32)
+
+
+# Standard Webhooks (standardwebhooks.com), signed beside our own header so a receiver can use
+# that spec's libraries in any language: webhook-id (the delivery, the same on every retry),
+# webhook-timestamp, webhook-signature "v1,<base64 HMAC-SHA256(key, id.timestamp.body)>", whose
+# key is the channel's secret as bytes, handed out base64 with the spec's whsec_ prefix.
+STANDARD_ID_HEADER = "webhook-id"
+STANDARD_TIMESTAMP_HEADER = "webhook-timestamp"
+STANDARD_SIGNATURE_HEADER = "webhook-signature"
+
+
+def standard_webhooks_secret(secret: str) -> str:
+    """The channel's secret as Standard Webhooks libraries take it (Webhook("whsec_…"))."""
+    return "whsec_" + base64.b64encode(secret.encode()).decode()
+
+
+def standard_signature(secret: str, message_id: str, body: bytes, timestamp: int) -> str:
+    digest = hmac.new(secret.encode(), f"{message_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(digest).decode()
 
 
 # --- what a channel may hold (the API's serializer and the page's form both ask) ------------
@@ -374,12 +394,16 @@ def _post_webhook(channel: NotificationChannel, delivery: Delivery) -> tuple[int
         return None, (f"{parts.hostname} resolves to {address}, which is in STUDIO_WEBHOOK_DENIED_NETWORKS: "
                       "not sent")
     body = body_bytes(delivery.payload)
+    now = int(time.time())
     headers = {
         "Content-Type": "application/json",
         "User-Agent": f"Trainyard/{VERSION}",
         EVENT_HEADER: delivery.event,
         DELIVERY_HEADER: str(delivery.pk),
-        SIGNATURE_HEADER: sign(channel.secret, body, int(time.time())),
+        SIGNATURE_HEADER: sign(channel.secret, body, now),
+        STANDARD_ID_HEADER: str(delivery.pk),
+        STANDARD_TIMESTAMP_HEADER: str(now),
+        STANDARD_SIGNATURE_HEADER: standard_signature(channel.secret, str(delivery.pk), body, now),
     }
     request = urllib.request.Request(channel.url, data=body, headers=headers, method="POST")
     timeout = float(settings.STUDIO_WEBHOOK_TIMEOUT_SECONDS)

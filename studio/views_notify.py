@@ -79,6 +79,7 @@ def _render(request: HttpRequest, project: Project, form: ChannelForm | None, *,
     return render(request, "studio/notification_channels.html", {
         "project": project, "is_admin": admin, "channels": channels, "deliveries": deliveries,
         "form": form if admin else None, "new_secret": new_secret, "secret_for": secret_for,
+        "new_standard_secret": notify.standard_webhooks_secret(new_secret) if new_secret else "",
     }, status=status)
 
 

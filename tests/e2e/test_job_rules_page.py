@@ -22,7 +22,7 @@ import pytest
 from django.utils import timezone
 
 from jobs.models import AlarmTransition, JobAttempt, JobRule, JobStatus, MetricPoint, Node, RuleState, TrainingJob
-from studio import actions
+from studio import actions, notify
 from studio.models import NotificationChannel, Role
 from tests.e2e.conftest import SCREENSHOTS
 from tests.e2e.test_job_pages import sign_in
@@ -320,3 +320,33 @@ def test_the_small_things_a_new_user_hit_on_the_rules_and_channels(live_server, 
     assert channel.kind == "email" and channel.emails == ["ops@example.com"] and channel.url == ""
     assert not page.is_visible("#id_emails"), "a fresh form shows the webhook's field again"
     assert not page.console_errors, page.console_errors
+
+
+def test_a_new_webhook_shows_both_forms_of_its_secret_and_a_metadata_url_is_refused(live_server, scientist, project,
+                                                                                   browser_page):
+    """The secret panel at 390 px: ours and the Standard Webhooks form (whsec_…), each whole on
+    the page without a sideways scroll; a cloud-metadata URL is an error on its field."""
+    page = browser_page
+    page.set_viewport_size({"width": 390, "height": 900})
+    actions.set_membership(project=project, user=scientist, role=Role.ADMIN)
+    sign_in(page, live_server.url)
+    page.goto(f"{live_server.url}/projects/{project.slug}/notifications/")
+    page.fill("#id_name", "metadata")
+    page.fill("#id_url", "http://169.254.169.254/latest/meta-data/")
+    page.click("#channel-form button[type=submit]")
+    assert "STUDIO_WEBHOOK_DENIED_NETWORKS" in page.locator("#channel-form .has-error").inner_text()
+    assert not NotificationChannel.objects.filter(project=project).exists()
+
+    page.fill("#id_name", "on-call")
+    page.fill("#id_url", "https://hooks.example.com/trainyard")
+    page.click("#channel-form button[type=submit]")
+    page.locator("#new-secret").wait_for()
+    channel = NotificationChannel.objects.get(project=project, name="on-call")
+    assert page.inner_text("[data-testid=new-secret]").strip() == channel.secret
+    assert page.inner_text("[data-testid=new-standard-secret]").strip() == notify.standard_webhooks_secret(channel.secret)
+    no_sideways_scroll(page)
+    for shown in ("new-secret", "new-standard-secret"):  # whole, not scrolled inside its box
+        assert page.eval_on_selector(f"[data-testid={shown}]", "e => e.scrollWidth <= e.clientWidth"), shown
+    page.locator("#new-secret").screenshot(path=str(SCREENSHOTS / "trainyard-new-secret-390.png"))
+    # The refused form is answered 400 (its page, with the error): the browser logs that, nothing else.
+    assert all("status of 400" in error for error in page.console_errors), page.console_errors

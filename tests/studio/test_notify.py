@@ -17,6 +17,8 @@ import pytest
 from django.core import mail
 from django.db import transaction
 from django.test import override_settings
+from standardwebhooks.webhooks import Webhook as StandardWebhook
+from standardwebhooks.webhooks import WebhookVerificationError
 
 from studio import notify
 from studio.embedded_redis import free_port
@@ -116,6 +118,15 @@ def test_a_delivery_arrives_once_signed_and_its_body_is_the_stored_payload(proje
     assert got.headers["X-Trainyard-Delivery"] == str(ids[0])
     assert got.headers["Content-Type"] == "application/json"
     assert got.headers["User-Agent"] == f"Trainyard/{VERSION}"
+    # The same delivery verifies with the Standard Webhooks library, given the secret in its form.
+    hook = StandardWebhook(notify.standard_webhooks_secret(secret))
+    assert hook.verify(got.body, got.headers) == json.loads(got.body)
+    lower = {name.lower(): value for name, value in got.headers.items()}  # urllib sends "Webhook-id"
+    assert lower["webhook-id"] == str(ids[0]) and lower["webhook-timestamp"] == timestamp
+    with pytest.raises(WebhookVerificationError):
+        hook.verify(got.body.replace(b"NaN", b"0.5"), got.headers)
+    with pytest.raises(WebhookVerificationError):
+        StandardWebhook(notify.standard_webhooks_secret("another")).verify(got.body, got.headers)
 
     delivery = Delivery.objects.get(pk=ids[0])
     assert json.loads(got.body) == delivery.payload
@@ -361,6 +372,9 @@ def test_only_admins_create_channels_and_the_secret_is_shown_once(owner, teammat
     assert rotated.status_code == 200
     assert rotated.json()["secret"] != secret
     assert NotificationChannel.objects.get(pk=data["id"]).secret == rotated.json()["secret"]
+    for shown in (data, rotated.json()):  # the same secret in the form Standard Webhooks libraries take
+        assert shown["standard_webhooks_secret"] == notify.standard_webhooks_secret(shown["secret"])
+    assert data["standard_webhooks_secret"] not in admin.get(f"{BASE}{data['id']}/").content.decode()
 
 
 def test_outsiders_and_reviewers_do_not_see_the_channels(project, owner, outsider, reviewer, client_for):

@@ -35,12 +35,14 @@ def test_an_admin_adds_a_webhook_and_sees_its_secret_once(owner):
     assert response.status_code == 200
     channel = NotificationChannel.objects.get(name="on-call")
     assert channel.secret and channel.secret in response.content.decode()
+    assert notify.standard_webhooks_secret(channel.secret) in response.content.decode()
     again = client.get(URL).content.decode()
     assert channel.secret not in again and "https://hooks.example.com/ty" in again
 
     rotated = form_post(client, f"{URL}{channel.pk}/rotate-secret/")
     channel.refresh_from_db()
     assert channel.secret in rotated.content.decode()
+    assert notify.standard_webhooks_secret(channel.secret) in rotated.content.decode()
 
 
 def test_an_admin_adds_an_email_list_and_bad_input_is_shown_on_its_field(owner):
