@@ -280,11 +280,13 @@ def _free_port() -> int:
 
 @pytest.mark.skipif(PROMETHEUS is None, reason="prometheus is not installed (Debian's prometheus package; .ci/run installs it)")
 @pytest.mark.django_db(transaction=True)
+@override_settings(STUDIO_METRICS_TOKEN="scrape-token-for-the-test", STUDIO_METRICS_ALLOWED_NETWORKS=[])
 def test_a_real_prometheus_scrapes_the_studio_and_its_query_gives_the_apis_figure(live_server, project, owner,
                                                                                   client_for, tmp_path):
     """Prometheus itself, told to scrape the studio every second with the shipped alerting
-    rules loaded: its target is up, a PromQL query of the queue depth gives what the API's
-    jobs list counts, and a job rule in ALARM fires TrainyardRuleAlarmsFiring."""
+    rules loaded and the README's scrape config (the token, no network allowed without it):
+    its target is up, one without the token is down, a PromQL query of the queue depth gives
+    what the API's jobs list counts, and a job rule in ALARM fires TrainyardRuleAlarmsFiring."""
     for number in range(3):
         make_job(project, f"queued-{number}", JobStatus.PENDING)
     running = make_job(project, "nan", JobStatus.TRAINING)
@@ -294,7 +296,10 @@ def test_a_real_prometheus_scrapes_the_studio_and_its_query_gives_the_apis_figur
     (tmp_path / "prometheus.yml").write_text(
         "global: {scrape_interval: 1s, scrape_timeout: 1s, evaluation_interval: 1s}\n"
         f"rule_files: ['{ALERTS}']\n"
-        f"scrape_configs: [{{job_name: trainyard, metrics_path: /metrics, static_configs: [{{targets: ['{host}']}}]}}]\n")
+        "scrape_configs:\n"
+        f"  - {{job_name: trainyard, metrics_path: /metrics, authorization: {{credentials: scrape-token-for-the-test}},"
+        f" static_configs: [{{targets: ['{host}']}}]}}\n"
+        f"  - {{job_name: anonymous, metrics_path: /metrics, static_configs: [{{targets: ['{host}']}}]}}\n")
     port = _free_port()
     log = tmp_path / "prometheus.log"
 
@@ -319,6 +324,7 @@ def test_a_real_prometheus_scrapes_the_studio_and_its_query_gives_the_apis_figur
             assert depth, log.read_text()[-2000:]
             assert float(depth[0]["value"][1]) == pending == 3
             assert float(query('up{job="trainyard"}')[0]["value"][1]) == 1
+            assert float(query('up{job="anonymous"}')[0]["value"][1]) == 0  # no token, no allowed network: 401
             assert float(query('sum(trainyard_jobs{status="Pending"})')[0]["value"][1]) == pending
             firing = 'ALERTS{alertname="TrainyardRuleAlarmsFiring", alertstate="firing"}'
             while time.monotonic() < deadline and not query(firing):
