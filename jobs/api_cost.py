@@ -95,6 +95,26 @@ class SpendSerializer(serializers.Serializer):
     by_user = SpendByUserSerializer(many=True)
 
 
+class LaunchCostSerializer(serializers.Serializer):
+    """One launch (a node's part of one attempt of a job): the spend's line item."""
+
+    job_id = serializers.IntegerField()
+    job_name = serializers.CharField()
+    user = serializers.CharField(help_text="Who submitted the job.")
+    instance_type = serializers.CharField()
+    attempt = serializers.IntegerField()
+    node_rank = serializers.IntegerField()
+    started_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True, help_text="null: still running (its figures up to now).")
+    billable_seconds = serializers.FloatField()
+    training_seconds = serializers.FloatField()
+    warm_seconds = serializers.FloatField()
+    price_per_hour = serializers.DecimalField(max_digits=20, decimal_places=6, allow_null=True, help_text=(
+        "Snapshotted when the launch was placed: the node's price plus its GPUs' (null: no price then, cost 0)."))
+    currency = serializers.CharField()
+    cost = serializers.DecimalField(max_digits=20, decimal_places=6)
+
+
 # --- views ----------------------------------------------------------------------------------------
 def month_param(request: Request) -> str:
     month = (request.query_params.get("month") or "").strip() or cost.current_month()
@@ -122,6 +142,19 @@ class ProjectSpendView(APIView):
         project = get_project_for_user(request.user, slug)
         month = month_param(request)
         return Response(SpendSerializer(cost.project_spend(project, month)).data)
+
+
+class ProjectSpendLaunchesView(PaginatedAPIView):
+    @extend_schema(
+        parameters=[OpenApiParameter("month", str, description="YYYY-MM (UTC); the current month when left out.")],
+        responses=LaunchCostSerializer(many=True),
+        description="The line items of the month's spend, oldest first: one per launch that started in it, with its "
+                    "seconds, the price it snapshotted and its cost (they add up to the spend's total). The Spend "
+                    "page downloads the same as CSV. Readers.")
+    def get(self, request: Request, slug: str) -> Response:
+        project = get_project_for_user(request.user, slug)
+        launches = cost.month_launches(project, month_param(request))
+        return paginate(self, request, launches, lambda page: LaunchCostSerializer(page, many=True).data)
 
 
 class InstancePriceListView(PaginatedAPIView):

@@ -9,6 +9,8 @@ from jobs import api_cost
 
 urlpatterns: list[URLPattern] = [
     path("projects/<slug:slug>/spend/", api_cost.ProjectSpendView.as_view(), name="api-project-spend"),
+    path("projects/<slug:slug>/spend/launches/", api_cost.ProjectSpendLaunchesView.as_view(),
+         name="api-project-spend-launches"),
     path("projects/<slug:slug>/instance-prices/", api_cost.InstancePriceListView.as_view(),
          name="api-project-instance-prices"),
     path("projects/<slug:slug>/instance-prices/<str:instance_type>/", api_cost.InstancePriceDetailView.as_view(),

@@ -535,20 +535,12 @@ def project_spend(project, month: str, *, now: datetime | None = None) -> dict[s
     seconds, node-hours)."""
     now = now or timezone.now()
     start, end = month_bounds(month)
-    rows = list(JobAttempt.objects.filter(job__project=project, started_at__gte=start, started_at__lt=end)
-                .values(*ATTEMPT_FIELDS, "job__resources", "job__created_by__username", "job__status", "job__finished_at",
-                        "job__attempt"))
-    warm_now = {(job_id, node_id): until for node_id, job_id, until in Node.objects.filter(
-        state=NodeState.WARM, warm_from_job__project=project).values_list("pk", "warm_from_job_id", "warm_until")}
     by_type: dict[str, dict[str, Any]] = {}
     by_user: dict[str, dict[str, Any]] = {}
     total = _empty_bucket("month", month)
     currencies: set[str] = set()
-    gang_ends = _gang_ends(rows)
-    for row in rows:
-        billable, training, warm, cost = _row_figures(row, warm_now, now, gang_ends)
-        kind = str((row["job__resources"] or {}).get("instance_type", "cpu"))
-        user = row["job__created_by__username"] or "(deleted user)"
+    for row, (billable, training, warm, cost) in _month_rows(project, start, end, now):
+        kind, user = _instance_type(row), _user(row)
         for bucket in (by_type.setdefault(kind, _empty_bucket("instance_type", kind)),
                        by_user.setdefault(user, _empty_bucket("user", user)), total):
             bucket["jobs"].add(row["job_id"])
@@ -571,6 +563,46 @@ def project_spend(project, month: str, *, now: datetime | None = None) -> dict[s
     return {"month": month, "start": start, "end": end, "currency": _label(currencies) or default_currency(),
             "total": {k: v for k, v in shown(total).items() if k != "month"},
             "by_instance_type": ordered(by_type), "by_user": ordered(by_user)}
+
+
+def _month_rows(project, start: datetime, end: datetime, now: datetime) -> list[tuple[dict, tuple]]:
+    """Every launch (a node's part of an attempt) of the project that started in [start,
+    end), with its (billable, training, warm seconds, cost) as of `now`: two queries."""
+    rows = list(JobAttempt.objects.filter(job__project=project, started_at__gte=start, started_at__lt=end)
+                .order_by("started_at", "job_id", "attempt", "node_rank")
+                .values(*ATTEMPT_FIELDS, "job__name", "job__resources", "job__created_by__username", "job__status",
+                        "job__finished_at", "job__attempt"))
+    warm_now = {(job_id, node_id): until for node_id, job_id, until in Node.objects.filter(
+        state=NodeState.WARM, warm_from_job__project=project).values_list("pk", "warm_from_job_id", "warm_until")}
+    gang_ends = _gang_ends(rows)
+    return [(row, _row_figures(row, warm_now, now, gang_ends)) for row in rows]
+
+
+def _instance_type(row: dict) -> str:
+    return str((row["job__resources"] or {}).get("instance_type", "cpu"))
+
+
+def _user(row: dict) -> str:
+    return row["job__created_by__username"] or "(deleted user)"
+
+
+LAUNCH_COLUMNS = ("job_id", "job_name", "user", "instance_type", "attempt", "node_rank", "started_at", "finished_at",
+                  "billable_seconds", "training_seconds", "warm_seconds", "price_per_hour", "currency", "cost")
+
+
+def month_launches(project, month: str, *, now: datetime | None = None) -> list[dict[str, Any]]:
+    """The line items under project_spend: one per launch that started in the month, in
+    LAUNCH_COLUMNS (a running one's figures up to now, finished_at null). Their costs add up
+    to the month's total before its rounding."""
+    now = now or timezone.now()
+    start, end = month_bounds(month)
+    return [{"job_id": row["job_id"], "job_name": row["job__name"], "user": _user(row), "instance_type": _instance_type(row),
+             "attempt": row["attempt"], "node_rank": row["node_rank"], "started_at": row["started_at"],
+             "finished_at": row["finished_at"], "billable_seconds": round(billable, 3),
+             "training_seconds": round(training, 3), "warm_seconds": round(warm, 3),
+             "price_per_hour": row["price_per_hour"], "currency": row["currency"] or default_currency(),
+             "cost": str(quantize(cost))}
+            for row, (billable, training, warm, cost) in _month_rows(project, start, end, now)]
 
 
 def _row_figures(row: dict, warm_now: dict, now: datetime, gang_ends: dict) -> tuple[float, float, float, Decimal]:

@@ -9,5 +9,6 @@ from jobs import views_cost
 
 urlpatterns: list[URLPattern] = [
     path("projects/<slug:slug>/spend/", views_cost.project_spend_page, name="project-spend"),
+    path("projects/<slug:slug>/spend/launches.csv", views_cost.project_spend_csv, name="project-spend-csv"),
     path("projects/<slug:slug>/prices/", views_cost.instance_prices_page, name="instance-prices"),
 ]

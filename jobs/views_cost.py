@@ -4,6 +4,7 @@ the API (jobs.api_cost) call the same functions (jobs.cost)."""
 
 from __future__ import annotations
 
+import csv
 import re
 
 from django import forms
@@ -84,6 +85,33 @@ def project_spend_page(request: HttpRequest, slug: str) -> HttpResponse:
     spend = cost.project_spend(project, month)
     return render(request, "jobs/spend.html", {"project": project, "spend": spend, "month": month,
                                                "months": _months_around(project, month)})
+
+
+def _cell(value: object) -> object:
+    """A CSV cell a spreadsheet shows as text: user text starting = + - @ (a formula to
+    Excel or LibreOffice) gets a leading apostrophe; numbers and times pass as they are."""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value
+
+
+@page
+def project_spend_csv(request: HttpRequest, slug: str) -> HttpResponse:
+    """The month's launches as CSV (cost.month_launches): what finance reconciles."""
+    project = get_project_for_user(request.user, slug)
+    month = (request.GET.get("month") or "").strip() or cost.current_month()
+    try:
+        cost.month_bounds(month)
+    except ValueError as exc:
+        return HttpResponse(f"month: {exc}\n", status=400, content_type="text/plain; charset=utf-8")
+    response = HttpResponse(content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="trainyard-{project.slug}-spend-{month}.csv"'
+    writer = csv.writer(response)
+    writer.writerow(cost.LAUNCH_COLUMNS)
+    for launch in cost.month_launches(project, month):
+        writer.writerow([_cell(launch[column].isoformat() if hasattr(launch[column], "isoformat") else
+                               "" if launch[column] is None else launch[column]) for column in cost.LAUNCH_COLUMNS])
+    return response
 
 
 def _render_prices(request: HttpRequest, project: Project, form: PriceForm | None, status: int = 200) -> HttpResponse:

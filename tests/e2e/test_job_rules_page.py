@@ -350,3 +350,23 @@ def test_a_new_webhook_shows_both_forms_of_its_secret_and_a_metadata_url_is_refu
     page.locator("#new-secret").screenshot(path=str(SCREENSHOTS / "trainyard-new-secret-390.png"))
     # The refused form is answered 400 (its page, with the error): the browser logs that, nothing else.
     assert all("status of 400" in error for error in page.console_errors), page.console_errors
+
+
+def test_the_spend_pages_csv_button_downloads_the_months_launches(live_server, scientist, project, browser_page):
+    import csv
+    import io
+
+    from jobs.models import JobAttempt
+
+    page = browser_page
+    job = running_job(project, scientist, name="billed")
+    JobAttempt.objects.create(job=job, attempt=1, started_at=timezone.now(), price_per_hour=Decimal("2"), currency="USD")
+    sign_in(page, live_server.url)
+    page.goto(f"{live_server.url}/projects/{project.slug}/spend/")
+    with page.expect_download() as download:
+        page.click("#spend-csv")
+    got = download.value
+    assert got.suggested_filename == f"trainyard-{project.slug}-spend-{timezone.now():%Y-%m}.csv"
+    rows = list(csv.DictReader(io.StringIO(open(got.path(), encoding="utf-8").read())))
+    assert [(r["job_name"], r["instance_type"], r["currency"]) for r in rows] == [("billed", "cpu", "USD")]
+    assert not page.console_errors, page.console_errors

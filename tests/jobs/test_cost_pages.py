@@ -192,3 +192,47 @@ def test_a_price_shows_to_the_cent_with_its_further_decimals(value, shown):
     from jobs.templatetags.job_cost import price
 
     assert price(value) == shown
+
+
+def test_the_months_launches_download_as_csv_and_add_up_to_the_spend(project, owner, teammate, outsider, client_for):
+    """One line per launch (a node's part of an attempt), at its snapshotted price: the CSV
+    finance reconciles, and the API's list of the same; their costs add up to the total, to
+    the cent. A job name a spreadsheet would run as a formula is written as text."""
+    import csv
+    import io
+
+    retried = _job(project, owner, status=JobStatus.COMPLETED, attempt=2, finished_at=timezone.now())
+    _ran(retried, attempt=1, seconds=1200, price="3.5", ended_ago=4000)
+    _ran(retried, attempt=2, seconds=3600, price="3.5", warm=600)
+    formula = _job(project, teammate, status=JobStatus.COMPLETED, attempt=1, finished_at=timezone.now())
+    TrainingJob.objects.filter(pk=formula.pk).update(name='=HYPERLINK("http://evil.example","x")')
+    formula.refresh_from_db()
+    _ran(formula, attempt=1, seconds=900, price="1.25")
+    running = _job(project, owner, status=JobStatus.TRAINING, attempt=1)
+    JobAttempt.objects.create(job=running, attempt=1, started_at=timezone.now() - timedelta(seconds=60),
+                              price_per_hour=Decimal("2"), currency="USD")
+    month = cost.current_month()
+
+    response = _signed_in(owner).get(f"/projects/{project.slug}/spend/launches.csv?month={month}")
+    assert response.status_code == 200 and response["Content-Type"] == "text/csv; charset=utf-8"
+    assert response["Content-Disposition"] == f'attachment; filename="trainyard-acme-spend-{month}.csv"'
+    rows = list(csv.DictReader(io.StringIO(response.content.decode())))
+    assert [(int(r["job_id"]), int(r["attempt"])) for r in rows] == [
+        (retried.pk, 1), (retried.pk, 2), (formula.pk, 1), (running.pk, 1)]
+    assert rows[2]["job_name"] == "'" + formula.name, "a formula is written as text"
+    assert rows[1]["warm_seconds"] == "600.0" and rows[1]["price_per_hour"] == "3.500000"
+    assert rows[3]["finished_at"] == "" and float(rows[3]["billable_seconds"]) >= 60
+    spend = cost.project_spend(project, month)
+    assert cost.to_cents(sum(Decimal(r["cost"]) for r in rows)) == Decimal(spend["total"]["cost_display"])
+    assert Decimal(rows[1]["cost"]) == cost.quantize(Decimal("3.5") * Decimal(4200) / 3600)
+
+    listed = client_for(owner).get(f"/api/v1/projects/{project.slug}/spend/launches/?month={month}").json()
+    assert listed["count"] == 4 and [r["job_id"] for r in listed["results"]] == [int(r["job_id"]) for r in rows]
+    assert listed["results"][2]["job_name"] == formula.name  # JSON carries the name as it is
+
+    page = _signed_in(owner).get(f"/projects/{project.slug}/spend/?month={month}").content.decode()
+    assert f'href="/projects/acme/spend/launches.csv?month={month}"' in page
+    assert _signed_in(owner).get(f"/projects/{project.slug}/spend/launches.csv?month=2026-13").status_code == 400
+    assert client_for(owner).get(f"/api/v1/projects/{project.slug}/spend/launches/?month=13").status_code == 400
+    assert _signed_in(outsider).get(f"/projects/{project.slug}/spend/launches.csv").status_code == 404
+    assert client_for(outsider).get(f"/api/v1/projects/{project.slug}/spend/launches/").status_code == 404
