@@ -17,6 +17,7 @@ import threading
 import time
 from datetime import timedelta
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 from django.utils import timezone
@@ -367,6 +368,6 @@ def test_the_spend_pages_csv_button_downloads_the_months_launches(live_server, s
         page.click("#spend-csv")
     got = download.value
     assert got.suggested_filename == f"trainyard-{project.slug}-spend-{timezone.now():%Y-%m}.csv"
-    rows = list(csv.DictReader(io.StringIO(open(got.path(), encoding="utf-8").read())))
+    rows = list(csv.DictReader(io.StringIO(Path(got.path()).read_text(encoding="utf-8"))))
     assert [(r["job_name"], r["instance_type"], r["currency"]) for r in rows] == [("billed", "cpu", "USD")]
     assert not page.console_errors, page.console_errors
