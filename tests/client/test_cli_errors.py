@@ -91,3 +91,19 @@ def test_login_with_a_password_stores_a_token_readable_by_the_user_only(studio, 
     assert with_token.returncode == 0, with_token.stdout + with_token.stderr
     assert json.loads(stored.read_text()) == {"url": studio.url, "token": studio.token, "project": "acme"}
     assert "projects: acme (admin)" in with_token.stdout
+
+
+def test_a_field_misplaced_through_the_python_client_is_refused_naming_where_it_belongs(studio):
+    # Studio.run passes unknown keyword fields through under their API names: a top-level
+    # max_runtime_seconds used to be dropped, and the job ran with no limit.
+    import pytest
+
+    from trainyard.client.http import ApiError
+    from trainyard.client.studio import Studio as Client
+
+    client = Client(studio.url, studio.token)
+    with pytest.raises(ApiError) as refused:
+        client.run(str(SCRIPTS / "failing" / "train.py"), max_runtime_seconds=60)
+    assert refused.value.status == 400
+    assert "max_runtime_seconds: is not a field here; did you mean stopping.max_runtime_seconds?" in str(refused.value)
+    assert not TrainingJob.objects.exists()

@@ -8,6 +8,7 @@ every command prints the API's JSON instead of tables."""
 
 from __future__ import annotations
 
+import csv
 import json
 import socket
 import sys
@@ -464,6 +465,48 @@ def jobs_stop(job_id: int, as_json: bool) -> None:
 
 
 # --- datasets ---------------------------------------------------------------------------------
+LAUNCH_COLUMNS = ("job_id", "job_name", "user", "instance_type", "attempt", "node_rank", "started_at", "finished_at",
+                  "billable_seconds", "training_seconds", "warm_seconds", "price_per_hour", "currency", "cost")
+
+
+@cli.command()
+@click.option("--project", help="The project (default: TRAINYARD_PROJECT, the login's, or your only one).")
+@click.option("--month", help="YYYY-MM (UTC; default: this month).")
+@click.option("--launches", is_flag=True, help="Its line items, one per launch, instead of the totals.")
+@click.option("--csv", "as_csv", is_flag=True, help="The line items as CSV on stdout (as the Spend page downloads).")
+@json_option
+def spend(project: str | None, month: str | None, launches: bool, as_csv: bool, as_json: bool) -> None:
+    """What a project's launches that started in a month cost: by instance type and by user."""
+    studio = studio_from(project)
+    if launches or as_csv:
+        rows = studio.spend_launches(month, project=project)
+        if as_json:
+            print_json(rows)
+        elif as_csv:
+            writer = csv.writer(sys.stdout)
+            writer.writerow(LAUNCH_COLUMNS)
+            writer.writerows([["" if row.get(column) is None else row.get(column) for column in LAUNCH_COLUMNS]
+                              for row in rows])
+        else:
+            out.print(table(["job", "user", "type", "attempt", "node", "started", "billable", "warm", "price/h", "cost"],
+                            [[f"{r['job_id']} {r['job_name']}", r["user"], r["instance_type"], r["attempt"], r["node_rank"],
+                              moment(r["started_at"]), f"{r['billable_seconds']:g} s", f"{r['warm_seconds']:g} s",
+                              r["price_per_hour"], f"{money(r['cost'])} {r['currency']}"] for r in rows]))
+        return
+    data = studio.spend(month, project=project)
+    if as_json:
+        print_json(data)
+        return
+    currency, total = data["currency"], data["total"]
+    out.print(f"{data['month']}: {money(total['cost'])} {currency} over {total['jobs']} job(s), {total['launches']} "
+              f"launch(es), {total['node_hours']} node-hours", highlight=False)
+    for title, key, rows in (("instance type", "instance_type", data["by_instance_type"]),
+                             ("user", "user", data["by_user"])):
+        if rows:
+            out.print(table([title, "jobs", "launches", "node-hours", f"cost ({currency})"],
+                            [[r[key], r["jobs"], r["launches"], r["node_hours"], money(r["cost"])] for r in rows]))
+
+
 @cli.group()
 def datasets() -> None:
     """Upload and list datasets."""

@@ -154,6 +154,15 @@ class Studio:
     def jobs(self, **filters: Any) -> list[dict[str, Any]]:
         return list(self.http.pages("/jobs/", **filters))
 
+    def spend(self, month: str | None = None, *, project: str | None = None) -> dict[str, Any]:
+        """A project's spend in a month (YYYY-MM, UTC; default this month): totals, by
+        instance type and by user."""
+        return self.http.get(f"/projects/{self.project(project)}/spend/", month=month)
+
+    def spend_launches(self, month: str | None = None, *, project: str | None = None) -> list[dict[str, Any]]:
+        """The month's line items: one per launch, at its snapshotted price."""
+        return list(self.http.pages(f"/projects/{self.project(project)}/spend/launches/", month=month))
+
     def alarms(self, **filters: Any) -> list[dict[str, Any]]:
         """Rules in ALARM on running jobs you can read (`project`, `state`, `finished="true"`)."""
         return list(self.http.pages("/alarms/", **filters))  # a None filter is dropped by http.get
