@@ -317,19 +317,20 @@ def test_a_real_prometheus_scrapes_the_studio_and_its_query_gives_the_apis_figur
                                   stdout=output, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not query('trainyard_queue_depth{instance_type="cpu"}'):
-                assert server.poll() is None, log.read_text()[-2000:]
-                time.sleep(0.5)
-            depth = query('trainyard_queue_depth{instance_type="cpu"}')
-            assert depth, log.read_text()[-2000:]
-            assert float(depth[0]["value"][1]) == pending == 3
-            assert float(query('up{job="trainyard"}')[0]["value"][1]) == 1
-            assert float(query('up{job="anonymous"}')[0]["value"][1]) == 0  # no token, no allowed network: 401
-            assert float(query('sum(trainyard_jobs{status="Pending"})')[0]["value"][1]) == pending
-            firing = 'ALERTS{alertname="TrainyardRuleAlarmsFiring", alertstate="firing"}'
-            while time.monotonic() < deadline and not query(firing):
-                time.sleep(0.5)
-            assert query(firing), log.read_text()[-2000:]
+
+            def first(promql: str) -> float:
+                """The query's value once Prometheus has one (each target is first scraped
+                at its own offset within the interval)."""
+                while not (result := query(promql)):
+                    assert server.poll() is None and time.monotonic() < deadline, (promql, log.read_text()[-2000:])
+                    time.sleep(0.5)
+                return float(result[0]["value"][1])
+
+            assert first('trainyard_queue_depth{instance_type="cpu"}') == pending == 3
+            assert first('up{job="trainyard"}') == 1
+            assert first('up{job="anonymous"}') == 0  # no token, no allowed network: 401
+            assert first('sum(trainyard_jobs{status="Pending"})') == pending
+            assert first('ALERTS{alertname="TrainyardRuleAlarmsFiring", alertstate="firing"}') == 1
             assert not query('ALERTS{alertname="TrainyardDown"}')
         finally:
             server.terminate()
