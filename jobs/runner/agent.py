@@ -67,10 +67,12 @@ SHUTDOWN = threading.Event()
 MAX_RUNTIME_EXCEEDED = "MaxRuntimeExceeded"
 # Set by a node other than node 0 whose launcher ended in a teardown abort: node 0 stops
 # waiting in torchrun's exit barrier for it.
-LAUNCHER_ENDED_KEY = "trainyard:job:{job_id}:attempt:{attempt}:launcher-ended:{node_rank}"
+# {run}: the job's id and creation time, so a database whose ids start again (a reset studio
+# beside the same Redis, a fresh test database) never reads an earlier job's keys.
+LAUNCHER_ENDED_KEY = "trainyard:job:{run}:attempt:{attempt}:launcher-ended:{node_rank}"
 # A node whose ranks all succeeded and whose torchrun waits in its exit barrier (3+ nodes: for
 # a node whose ranks aborted at teardown): node 0 ends the barrier for all (see above).
-IN_BARRIER_KEY = "trainyard:job:{job_id}:attempt:{attempt}:in-exit-barrier:{node_rank}"
+IN_BARRIER_KEY = "trainyard:job:{run}:attempt:{attempt}:in-exit-barrier:{node_rank}"
 GONE = "<deleted>"  # the job's row no longer exists: end its processes
 
 
@@ -521,6 +523,10 @@ class NodeRun:
             return "completed"
         return self._upload_and_complete(teardown_abort=bool(verdict.note))
 
+    def _attempt_key(self, template: str, node_rank: int) -> str:
+        run = f"{self.job_id}.{int(self.job.created_at.timestamp() * 1_000_000)}"
+        return template.format(run=run, attempt=self.attempt, node_rank=node_rank)
+
     def _only_the_exit_barrier_left(self) -> bool:
         """A multi-node cold launch whose local workers succeeded. torchrun then waits up to
         300 s in its exit barrier for every node's torchrun; a node whose ranks aborted at
@@ -550,30 +556,27 @@ class NodeRun:
             return False  # still in the rendezvous
         from studio.redis_conn import redis_client
 
-        def key(template: str, rank: int) -> str:
-            return template.format(job_id=self.job_id, attempt=self.attempt, node_rank=rank)
-
         try:
             client = redis_client()
             if not self.is_leader:
-                client.set(key(IN_BARRIER_KEY, self.node_rank), "1", ex=24 * 3600)
-                if client.get(key(LAUNCHER_ENDED_KEY, 0)) is None:
+                client.set(self._attempt_key(IN_BARRIER_KEY, self.node_rank), "1", ex=24 * 3600)
+                if client.get(self._attempt_key(LAUNCHER_ENDED_KEY, 0)) is None:
                     return False
-                client.set(key(LAUNCHER_ENDED_KEY, self.node_rank), "barrier", ex=24 * 3600)
+                client.set(self._attempt_key(LAUNCHER_ENDED_KEY, self.node_rank), "barrier", ex=24 * 3600)
                 return True
             closed = set(JobAttempt.objects.filter(job_id=self.job_id, attempt=self.attempt, finished_at__isnull=False)
                          .values_list("node_rank", flat=True))
             others = range(1, self.job.instance_count)
-            said = {rank: client.get(key(LAUNCHER_ENDED_KEY, rank)) for rank in others}
+            said = {rank: client.get(self._attempt_key(LAUNCHER_ENDED_KEY, rank)) for rank in others}
             ended = {rank for rank in others if rank in closed or said[rank] is not None}
             never_arriving = {rank for rank in ended if rank in closed or said[rank] != b"barrier"}
-            waiting = {rank for rank in others if rank not in ended and client.exists(key(IN_BARRIER_KEY, rank))}
+            waiting = {rank for rank in others if rank not in ended and client.exists(self._attempt_key(IN_BARRIER_KEY, rank))}
             if not never_arriving or len(ended) + len(waiting) < len(others):
                 return False  # a node still trains, or every node's torchrun reaches the barrier by itself
             if not waiting:
                 return True
             if self._barrier_ending_since is None:
-                client.set(key(LAUNCHER_ENDED_KEY, 0), "barrier", ex=24 * 3600)
+                client.set(self._attempt_key(LAUNCHER_ENDED_KEY, 0), "barrier", ex=24 * 3600)
                 self._barrier_ending_since = time.monotonic()
                 self.capture_note(f"node(s) {', '.join(map(str, sorted(waiting)))} wait in torchrun's exit barrier "
                                   "too: telling them to end theirs first")
@@ -592,8 +595,7 @@ class NodeRun:
         from studio.redis_conn import redis_client
 
         try:
-            redis_client().set(LAUNCHER_ENDED_KEY.format(job_id=self.job_id, attempt=self.attempt,
-                                                         node_rank=self.node_rank), "teardown-abort", ex=24 * 3600)
+            redis_client().set(self._attempt_key(LAUNCHER_ENDED_KEY, self.node_rank), "teardown-abort", ex=24 * 3600)
         except Exception:  # noqa: BLE001 - node 0 then waits out torchrun's exit barrier (300 s)
             log.warning("job %s: could not tell node 0 our launcher ended", self.job_id, exc_info=True)
         self.capture_note(f"rank {ranks} aborted at exit (\"terminate called without an active exception\"); "
