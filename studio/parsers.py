@@ -5,6 +5,7 @@ when the row is written. (The URL is checked by studio.middleware.RejectNulMiddl
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -52,7 +53,11 @@ def _has_nul(value: Any) -> bool:
 
 
 def _not_finite(value: Any) -> bool:
-    return isinstance(value, float) and not math.isfinite(value)
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    # An integer literal past a float's range (10**400): every numeric field reads it as a
+    # float somewhere, where it would raise OverflowError; refused here like 1e400.
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) > sys.float_info.max
 
 
 def nul_field(data: Any) -> str | None:
@@ -82,7 +87,7 @@ def reject_non_finite(data: Any) -> Any:
 
         label = found[0] or "body"
         message = ("NaN is not a JSON number; send a number or null." if found[1] != found[1] else
-                   "Infinity is not a JSON number, nor is a number too large for a float (such as 1e400).")
+                   "Infinity is not a JSON number, nor is a number too large for a float (such as 1e400 or 10**400).")
         raise ApiError(f"{label}: {message}", fields={label: [message]})
     return data
 

@@ -66,7 +66,7 @@ CURVE_METRIC_PARAMS: dict[str, tuple[str, ...]] = {
     "step_outlier": ("metric",), "overfit": ("train_metric", "validation_metric")}
 # Entries parsed whole while a rule waits for its first datum (then only its metrics are).
 FULL_PARSE_ENTRIES = 20
-COST_SECONDS = 5.0  # how often a budget rule's cost is recomputed
+COST_SECONDS = 1.0  # how often a budget rule's cost is recomputed: each tick (5 s let a short job pass its limit unseen)
 
 
 def _rank(raw: bytes | str) -> int | None:

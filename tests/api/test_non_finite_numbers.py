@@ -24,7 +24,7 @@ def script_uri(owner, client_for) -> str:
     return response.json()["uri"]
 
 
-@pytest.mark.parametrize("literal", ["1e400", "-1e400", "NaN", "Infinity", "-Infinity"])
+@pytest.mark.parametrize("literal", ["1e400", "-1e400", "NaN", "Infinity", "-Infinity", "1" + "0" * 400, "-" + "9" * 320])
 def test_a_number_too_large_for_a_float_is_a_400_naming_the_field(owner, client_for, script_uri, literal):
     body = json.dumps({"project": "acme", "name": "too-big", "script": {"uri": script_uri, "entry_point": "train.py"},
                        "hyperparameters": {"lr": 0.1, "x": "LITERAL"}}).replace('"LITERAL"', literal)
@@ -61,3 +61,30 @@ def test_a_non_finite_number_in_a_list_is_named_as_the_rule_checker_names_it(own
     assert response.status_code == 400, response.content
     assert list(response.json()["error"]["fields"]) == ["rules[1].parameters.threshold"]
     assert not TrainingJob.objects.filter(name="nan-rule").exists()
+
+
+@pytest.mark.parametrize("where", ["rules", "rule", "tuning"])
+def test_an_integer_too_large_for_a_float_is_a_400_not_a_500(owner, client_for, script_uri, where):
+    # Found through a generated client: 10**400 as an integer literal passed the parser (only
+    # floats were checked) and raised OverflowError in the rule checker, the algorithms'
+    # hyperparameter check and the tuning ranges: a 500 each.
+    huge = "1" + "0" * 400
+    job = {"project": "acme", "name": "huge", "script": {"uri": script_uri, "entry_point": "train.py"}}
+    if where == "rules":
+        path, field = "/api/v1/jobs/", "rules[0].parameters.threshold"
+        body = {**job, "rules": [{"type": "custom", "parameters": {"metric": "loss", "comparison": ">",
+                                                                    "threshold": "HUGE"}}]}
+    elif where == "rule":
+        created = client_for(owner).post("/api/v1/jobs/", {**job, "name": "target"}, format="json")
+        assert created.status_code == 201, created.content
+        path, field = f"/api/v1/jobs/{created.json()['id']}/rules/", "parameters.threshold_seconds"
+        body = {"type": "stalled", "parameters": {"threshold_seconds": "HUGE"}}
+    else:
+        path, field = "/api/v1/tuning-jobs/", "hyperparameter_ranges.lr.max"
+        body = {"project": "acme", "name": "huge", "base_job": job, "objective": {"metric": "loss", "type": "minimize"},
+                "hyperparameter_ranges": {"lr": {"type": "continuous", "min": 0.1, "max": "HUGE"}}}
+    response = client_for(owner).post(path, json.dumps(body).replace('"HUGE"', huge), content_type="application/json")
+
+    assert response.status_code == 400, response.content
+    assert list(response.json()["error"]["fields"]) == [field], response.content
+    assert not TrainingJob.objects.filter(name="huge").exists()
