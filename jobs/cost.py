@@ -33,10 +33,10 @@ from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
-from django.db.models import F, Max, Q
+from django.db.models import F, Max, Q, Sum
 from django.utils import timezone
 
-from jobs.models import InstancePrice, JobAttempt, MetricChunk, Node, NodeState, TrainingJob
+from jobs.models import InstancePrice, JobAttempt, MetricChunk, MetricPoint, Node, NodeState, TrainingJob
 
 SIX_PLACES = Decimal("0.000001")
 CENTS = Decimal("0.01")
@@ -48,6 +48,12 @@ MAX_PRICE = Decimal("100000")
 STEP_HYPERPARAMETERS = ("max_steps", "steps", "num_steps", "total_steps")
 EPOCH_HYPERPARAMETERS = ("epochs", "num_epochs", "max_epochs")
 EPOCH_METRIC = "epoch"
+# A running job's step rate is read from the newest points of its furthest series: up to this
+# many (one chunk's worth), all of its current attempt.
+RATE_POINTS = 256
+# A point's time is the training process's clock; a launch's start, the studio's. A point
+# this much before the attempt's start still counts as the attempt's (clock skew).
+CLOCK_SKEW_SECONDS = 2.0
 
 
 # --- prices ------------------------------------------------------------------------------------
@@ -336,7 +342,8 @@ ATTEMPT_FIELDS = ("job_id", "attempt", "node_rank", "node_id", "started_at", "fi
 
 def job_costs(jobs: Iterable[TrainingJob], *, now: datetime | None = None, projected: bool = True) -> dict[int, dict]:
     """{job id: job_cost figures} for many jobs in at most three queries (launch rows, warm
-    nodes, and the latest steps of the running ones)."""
+    nodes, and the furthest series of the running ones), plus, for each running job whose
+    length is known, two for its projection (its epoch series, its newest points)."""
     now = now or timezone.now()
     jobs = list(jobs)
     by_id = {job.pk: job for job in jobs}
@@ -352,10 +359,10 @@ def job_costs(jobs: Iterable[TrainingJob], *, now: datetime | None = None, proje
                 "pk", "warm_from_job_id", "warm_until"):
             warm_now[(job_id, node_id)] = until
     running = [job.pk for job in jobs if not job.is_finished() and job.training_started_at]
-    steps = _latest_steps(running) if projected and running else {}
+    series = _furthest_series(running) if projected and running else {}
     result = {}
     for pk, job in by_id.items():
-        result[pk] = _figures(job, rows[pk], warm_now, steps.get(pk), now, projected=projected)
+        result[pk] = _figures(job, rows[pk], warm_now, series.get(pk), now, projected=projected)
     return result
 
 
@@ -366,7 +373,7 @@ def job_cost(job: TrainingJob, *, now: datetime | None = None) -> dict[str, Any]
     return job_costs([job], now=now)[job.pk]
 
 
-def _figures(job: TrainingJob, rows: list[dict], warm_now: dict, latest_step: int | None, now: datetime, *,
+def _figures(job: TrainingJob, rows: list[dict], warm_now: dict, series: tuple[str, int] | None, now: datetime, *,
              projected: bool) -> dict[str, Any]:
     attempts: dict[int, AttemptFigures] = {}
     currencies: dict[int, set[str]] = {}  # per attempt
@@ -410,8 +417,9 @@ def _figures(job: TrainingJob, rows: list[dict], warm_now: dict, latest_step: in
     total = quantize(sum((a.cost for a in ordered), ZERO))
     currency = _label(set().union(*currencies.values())) or default_currency()
     projection = None
-    if projected and not job.is_finished() and ordered:
-        projection = _projected_cost(job, ordered, total, current_price_per_second, latest_step)
+    if projected and not job.is_finished() and ordered and series is not None:
+        attempt_started = min((row["started_at"] for row in rows if row["attempt"] == job.attempt), default=None)
+        projection = _projected_cost(job, series, attempt_started, total, current_price_per_second, now)
     return {
         "training_time_seconds": round(sum(a.training_seconds for a in ordered), 3),
         "billable_time_seconds": round(sum(a.billable_seconds for a in ordered), 3),
@@ -451,10 +459,52 @@ def _open_launch_end(row: dict, job_attempt: int, job_finished_at: datetime | No
     return gang_ends.get((row["job_id"], row["attempt"])) or job_finished_at or now
 
 
-def _latest_steps(job_ids: list[int]) -> dict[int, int]:
-    """The latest step any series of each job reached (one query over the M4 chunks)."""
-    return {job_id: int(step) for job_id, step in MetricChunk.objects.filter(job_id__in=job_ids).values("job_id")
-            .annotate(step=Max("last_step")).values_list("job_id", "step") if step is not None}
+def _furthest_series(job_ids: list[int]) -> dict[int, tuple[str, int]]:
+    """{job id: (name, rank) of the series that reached the latest step}, the one with the
+    most points among those that did (a loss logged each step, not an epoch counter); one
+    query over the M4 chunks."""
+    furthest: dict[int, tuple[int, int, str, int]] = {}
+    for job_id, name, rank, step, count in (
+            MetricChunk.objects.filter(job_id__in=job_ids).values("job_id", "name", "rank")
+            .annotate(step=Max("last_step"), points=Sum("count")).values_list("job_id", "name", "rank", "step", "points")):
+        if step is not None and (job_id not in furthest or (step, count or 0) > furthest[job_id][:2]):
+            furthest[job_id] = (int(step), int(count or 0), name, rank)
+    return {job_id: (name, rank) for job_id, (_, _, name, rank) in furthest.items()}
+
+
+@dataclass(frozen=True)
+class StepRate:
+    """Where a run is and how fast it goes, from the points themselves: the newest step,
+    the time it was logged, and steps per second over the newest points of the attempt."""
+
+    step: int
+    at: datetime
+    per_second: float
+
+
+def step_rate(job_id: int, name: str, rank: int, since: datetime | None) -> StepRate | None:
+    """The step rate of one series over its newest RATE_POINTS points logged since the
+    attempt started (a resumed attempt's rate never spans the downtime before it). Each
+    point's own time, not the studio's clock: the setup before the first step (imports,
+    data loading) and the flusher's lag behind the run do not count as training slowly.
+    None with fewer than two points in the attempt."""
+    points = list(MetricPoint.objects.filter(job_id=job_id, name=name, rank=rank).order_by("-step")
+                  .values_list("step", "time")[:RATE_POINTS])
+    if since is not None:
+        floor = since.timestamp() - CLOCK_SKEW_SECONDS
+        kept = []
+        for step, at in points:  # newest first; stop at the first point of an earlier attempt
+            if at.timestamp() < floor:
+                break
+            kept.append((step, at))
+        points = kept
+    if len(points) < 2:
+        return None
+    (last_step, last_at), (first_step, first_at) = points[0], points[-1]
+    seconds = (last_at - first_at).total_seconds()
+    if last_step <= first_step or seconds <= 0:
+        return None
+    return StepRate(step=int(last_step), at=last_at, per_second=(last_step - first_step) / seconds)
 
 
 def _planned(job: TrainingJob, names: tuple[str, ...]) -> float | None:
@@ -469,12 +519,10 @@ def _planned(job: TrainingJob, names: tuple[str, ...]) -> float | None:
     return None
 
 
-def _done_fraction(job: TrainingJob, latest_step: int | None) -> float | None:
-    """How far the run is, by steps: the latest step over its planned steps — max_steps,
-    or epochs × the steps of an epoch (its "epoch" series says how many steps one took),
-    whichever ends it first. None when the run does not say its length."""
-    if not latest_step or latest_step <= 0:
-        return None
+def planned_steps(job: TrainingJob) -> float | None:
+    """How many steps the run takes: max_steps, or epochs × the steps of an epoch (its
+    "epoch" series says how many steps one took), whichever ends it first. None when the
+    run does not say its length (or has not finished an epoch yet)."""
     totals = []
     if (steps := _planned(job, STEP_HYPERPARAMETERS)) is not None:
         totals.append(steps)
@@ -483,25 +531,26 @@ def _done_fraction(job: TrainingJob, latest_step: int | None) -> float | None:
                         .values_list("last_step", "last_value").first())
         if latest_epoch is not None and math.isfinite(latest_epoch[1]) and latest_epoch[1] > 0:
             totals.append(epochs * latest_epoch[0] / latest_epoch[1])
-    if not totals:
-        return None
-    return min(1.0, latest_step / min(totals))
+    return min(totals) if totals else None
 
 
-def _projected_cost(job: TrainingJob, attempts: list[AttemptFigures], cost_so_far: Decimal, price_per_second: Decimal,
-                    latest_step: int | None) -> Decimal | None:
-    """What the job will have cost when it reaches its planned length at its step rate so
-    far: the cost so far, plus the training time still to go (the training time of all
-    its attempts, stretched by what is left of the run) at the running launches' prices.
-    None while it has not trained, cannot say its length, or has no step yet."""
-    fraction = _done_fraction(job, latest_step)
-    if fraction is None:
+def _projected_cost(job: TrainingJob, series: tuple[str, int], attempt_started: datetime | None, cost_so_far: Decimal,
+                    price_per_second: Decimal, now: datetime) -> Decimal | None:
+    """What the job will have cost when it reaches its planned length at its current step
+    rate: the cost so far, plus the time its remaining steps take at that rate — less the
+    time since its newest point was logged, already in the cost so far — at the running
+    launches' prices. None while it cannot say its length or has no rate yet.
+
+    The rate is the run's own (StepRate): a rate over the training time so far counted the
+    setup before step 1 and the flusher's lag as training, and read a run several times
+    too dear early on — and a budget rule then stopped a job that would end under it."""
+    total = planned_steps(job)
+    if total is None:
         return None
-    # Wall-clock training time of the attempts (one node's: the nodes train side by side).
-    trained = sum((a.training_seconds / a.nodes) for a in attempts if a.nodes)
-    if trained <= 0:
+    rate = step_rate(job.pk, series[0], series[1], attempt_started)
+    if rate is None:
         return None
-    remaining = trained * (1 - fraction) / fraction
+    remaining = max(0.0, (total - rate.step) / rate.per_second - max(0.0, (now - rate.at).total_seconds()))
     return quantize(cost_so_far + _seconds(remaining) * price_per_second)
 
 

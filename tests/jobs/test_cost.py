@@ -4,6 +4,7 @@ projection of a running job, a project's spend by type, user and month, and the 
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -12,6 +13,7 @@ import pytest
 from django.utils import timezone
 
 from jobs import cost
+from jobs.metrics.store import MetricEntry, write_points
 from jobs.models import InstancePrice, JobAttempt, JobStatus, MetricChunk, Node, NodeState, TrainingJob
 from jobs.nodes import MachineResources, register_node
 from jobs.recovery import end_attempt
@@ -44,6 +46,14 @@ def _launch(job: TrainingJob, *, attempt: int = 1, rank: int = 0, start: datetim
 
 
 T0 = datetime(2026, 11, 10, 12, 0, tzinfo=UTC)
+
+
+def _log(job: TrainingJob, name: str, steps_and_seconds: list[tuple[int, float]], *, value: float = 1.0,
+         rank: int = 0) -> None:
+    """Points as the SDK sends them, through the flusher's writer (points and their chunks):
+    step k logged at T0 + its seconds."""
+    payload = [[name, step, value, (T0 + timedelta(seconds=seconds)).timestamp()] for step, seconds in steps_and_seconds]
+    write_points([MetricEntry(job_id=job.pk, rank=rank, payload=json.dumps(payload).encode())])
 
 
 # --- prices --------------------------------------------------------------------------------------------
@@ -217,26 +227,67 @@ def test_the_projected_cost_follows_the_step_rate_to_max_steps(project):
     job = _job(project, status=JobStatus.TRAINING, attempt=1, training_started_at=T0,
                hyperparameters={"max_steps": 100})
     _launch(job, start=T0, trained=T0, price="3600")  # 1 a second
-    MetricChunk.objects.create(job=job, name="loss", rank=0, chunk=0, count=25, first_step=1, first_value=1,
-                               last_step=25, last_value=0.5)
+    _log(job, "loss", [(step, 4.0 * step) for step in range(1, 26)])  # a step each 4 s: step 25 at 100 s
 
     figures = cost.job_cost(job, now=T0 + timedelta(seconds=100))
-    # 25 of 100 steps in 100 s: 300 s to go at 1 a second, on top of the 100 so far.
+    # 75 steps to go at 4 s each: 300 s more at 1 a second, on top of the 100 so far.
     assert figures["cost"] == "100.000000"
     assert figures["projected_cost"] == "400.000000"
+
+
+def test_the_projection_counts_neither_the_setup_before_step_one_nor_the_flushers_lag(project):
+    """Seen in a walk: 0.567 projected at 22 s for a job that ended at 0.0795. The rate
+    was the latest stored step over the whole training time, so the ~10 s of imports before
+    step 1 counted as slow training, and so did the steps logged but not flushed yet."""
+    job = _job(project, status=JobStatus.TRAINING, attempt=1, training_started_at=T0,
+               hyperparameters={"max_steps": 1000})
+    _launch(job, start=T0, trained=T0, price="3600")
+    # Training starts at T0 (processes launched); step 1 comes at 10 s, then 20 steps a
+    # second: step 101 at 15 s, the newest point flushed; now is 17 s (the run is at step 141).
+    _log(job, "loss", [(step, 10 + (step - 1) / 20) for step in range(1, 102)])
+    now = T0 + timedelta(seconds=17)
+    figures = cost.job_cost(job, now=now)
+    # It ends at 10 + 999/20 = 59.95 s: a cost of 59.95 at 1 a second.
+    assert Decimal(figures["projected_cost"]) == pytest.approx(Decimal("59.95"), abs=Decimal("0.01"))
+    assert figures["cost"] == "17.000000"
+
+
+def test_a_resumed_attempts_rate_does_not_span_the_downtime_before_it(project):
+    job = _job(project, status=JobStatus.TRAINING, attempt=2, training_started_at=T0 + timedelta(seconds=300),
+               hyperparameters={"max_steps": 200})
+    _launch(job, attempt=1, start=T0, end=T0 + timedelta(seconds=100), trained=T0, price="3600",
+            billable_seconds=100, training_seconds=100, cost=Decimal(100))
+    _launch(job, attempt=2, start=T0 + timedelta(seconds=300), trained=T0 + timedelta(seconds=300), price="3600")
+    _log(job, "loss", [(step, step) for step in range(1, 91)])  # attempt 1: a step a second, to step 90
+    # Attempt 2 resumes from step 80 at 310 s, a step a second again: step 120 at 350 s.
+    _log(job, "loss", [(step, 310 + step - 80) for step in range(80, 121)])
+    figures = cost.job_cost(job, now=T0 + timedelta(seconds=350))
+    # 100 + 50 so far, 80 steps to go at 1 s each.
+    assert figures["projected_cost"] == "230.000000"
+
+
+def test_the_projection_is_null_until_a_rate_is_known(project):
+    job = _job(project, status=JobStatus.TRAINING, attempt=1, training_started_at=T0, hyperparameters={"max_steps": 100})
+    _launch(job, start=T0, trained=T0, price="3600")
+    assert cost.job_cost(job, now=T0 + timedelta(seconds=5))["projected_cost"] is None, "no point yet"
+    _log(job, "loss", [(1, 4.0)])
+    assert cost.job_cost(job, now=T0 + timedelta(seconds=5))["projected_cost"] is None, "one point has no rate"
+    _log(job, "loss", [(2, 5.0)])
+    assert cost.job_cost(job, now=T0 + timedelta(seconds=5))["projected_cost"] == "103.000000"
 
 
 def test_the_projected_cost_by_epochs_reads_the_epoch_series_and_is_null_when_unknowable(project):
     job = _job(project, status=JobStatus.TRAINING, attempt=1, training_started_at=T0, hyperparameters={"epochs": 4})
     _launch(job, start=T0, trained=T0, price="3600")
     now = T0 + timedelta(seconds=50)
+    _log(job, "loss", [(step, 5.0 * step) for step in range(1, 11)])  # a step each 5 s: step 10 at 50 s
     assert cost.job_cost(job, now=now)["projected_cost"] is None, "no epoch reported yet"
-    MetricChunk.objects.create(job=job, name="epoch", rank=0, chunk=0, count=1, first_step=1, first_value=1,
-                               last_step=10, last_value=1)
+    _log(job, "epoch", [(10, 50.0)])
     assert cost.job_cost(job, now=now)["projected_cost"] == "200.000000", "1 of 4 epochs in 50 s"
 
     unknown = _job(project, status=JobStatus.TRAINING, attempt=1, training_started_at=T0, hyperparameters={"lr": 0.1})
     _launch(unknown, start=T0, trained=T0)
+    _log(unknown, "loss", [(step, 5.0 * step) for step in range(1, 11)])
     assert cost.job_cost(unknown, now=now)["projected_cost"] is None
 
 
@@ -466,10 +517,8 @@ def test_the_projection_takes_whichever_of_max_steps_and_epochs_ends_the_run_fir
     job = _job(project, status=JobStatus.TRAINING, attempt=1, training_started_at=T0,
                hyperparameters={"epochs": 10, "max_steps": 0})
     _launch(job, start=T0, trained=T0, price="3600")
-    MetricChunk.objects.create(job=job, name="epoch", rank=0, chunk=0, count=1, first_step=20, first_value=1,
-                               last_step=20, last_value=1)
-    MetricChunk.objects.create(job=job, name="train_loss", rank=0, chunk=0, count=2, first_step=10, first_value=1,
-                               last_step=30, last_value=0.5)
+    _log(job, "epoch", [(20, 20.0)])
+    _log(job, "train_loss", [(step, float(step)) for step in range(1, 31)])  # a step a second
     now = T0 + timedelta(seconds=30)
     # max_steps 0 = no limit: 10 epochs of 20 steps; 30 of 200 steps in 30 s → 170 s more.
     assert cost.job_cost(job, now=now)["projected_cost"] == "200.000000"

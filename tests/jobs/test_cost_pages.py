@@ -5,6 +5,7 @@ page where admins set prices (form errors for bad input)."""
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from datetime import timedelta
@@ -15,7 +16,8 @@ from django.test import Client
 from django.utils import timezone
 
 from jobs import cost
-from jobs.models import InstancePrice, JobAttempt, JobStatus, MetricChunk, TrainingJob
+from jobs.metrics.store import MetricEntry, write_points
+from jobs.models import InstancePrice, JobAttempt, JobStatus, TrainingJob
 from studio.models import Role
 from tests.factories import make_member, password_of
 
@@ -68,18 +70,17 @@ def test_a_running_job_page_shows_its_projected_cost(project, owner):
                started_at=started, training_started_at=started)
     JobAttempt.objects.create(job=job, attempt=1, started_at=job.started_at, training_started_at=job.training_started_at,
                               price_per_hour=Decimal("36"), currency="USD", outcome="running")
-    MetricChunk.objects.create(job=job, name="loss", rank=0, chunk=0, count=10, first_step=1, first_value=1, last_step=10,
-                               last_value=0.5)
+    # Steps 1-10 logged over the 100 s so far, the newest now: 10 s a step.
+    payload = [["loss", step, 1.0, (started + timedelta(seconds=10 * step)).timestamp()] for step in range(1, 11)]
+    write_points([MetricEntry(job_id=job.pk, rank=0, payload=json.dumps(payload).encode())])
 
     client = _signed_in(owner)
-    before = (timezone.now() - started).total_seconds()
     html = client.get(f"/jobs/{job.pk}/").content.decode()
-    after = (timezone.now() - started).total_seconds()
     shown = re.search(r'id="job-projected-cost"[^>]*>([0-9.]+) USD<', html)
     assert shown, "the projection, in USD"
-    # ~100 s so far (1.00 at 36/h), 10 of 40 steps: 3 times as long again (3.00) → 4.00; the
-    # page reads the clock while it renders, so the figure is 0.04/s × the seconds by then.
-    assert round(0.04 * before, 2) - 0.005 <= float(shown.group(1)) <= round(0.04 * after, 2) + 0.005, (before, after, shown[1])
+    # ~100 s so far (1.00 at 36/h) and 30 steps to go at 10 s each (3.00) → 4.00: the time
+    # since the newest point is in the cost so far and out of the time to go.
+    assert abs(float(shown.group(1)) - 4.00) <= 0.011, shown[1]
     assert "so far" in html
 
 
