@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from jobs import cost
 from jobs.metrics.store import MetricEntry, write_points
-from jobs.models import InstancePrice, JobAttempt, JobStatus, MetricChunk, Node, NodeState, TrainingJob
+from jobs.models import InstancePrice, JobAttempt, JobStatus, Node, NodeState, TrainingJob
 from jobs.nodes import MachineResources, register_node
 from jobs.recovery import end_attempt
 from jobs.scheduling import expire_stale_leases, expire_warm_pools, schedule_jobs
