@@ -45,7 +45,7 @@ from jobs.metrics import metrics_redis, parse_number, stream_items, text
 
 # The watcher's consumer group; the flusher's trim keeps what it has not evaluated.
 from jobs.metrics.ingest import RULES_GROUP
-from jobs.models import JobRule, MetricPoint, TrainingJob
+from jobs.models import JobRule, JobStatus, MetricPoint, TrainingJob
 from jobs.rules.engine import INSUFFICIENT_DATA, Evaluator, GpuSample, Point, PointColumns, Transition, evaluator
 from jobs.rules.store import record, record_many
 from trainyard.protocol import LOGS_STREAM, METRICS_STREAM, SYSTEM_STREAM, key
@@ -66,6 +66,8 @@ CURVE_METRIC_PARAMS: dict[str, tuple[str, ...]] = {
     "step_outlier": ("metric",), "overfit": ("train_metric", "validation_metric")}
 # Entries parsed whole while a rule waits for its first datum (then only its metrics are).
 FULL_PARSE_ENTRIES = 20
+# The statuses in which the clock-driven rules are ticked: the job's processes run.
+TICKING_STATUSES = frozenset({JobStatus.STARTING, JobStatus.TRAINING})
 COST_SECONDS = 1.0  # how often a budget rule's cost is recomputed: each tick (5 s let a short job pass its limit unseen)
 
 
@@ -542,13 +544,30 @@ class RuleWatcher:
 
     # --- the clock -------------------------------------------------------------------
     def tick(self, now: float) -> None:
+        """Tick the clock-driven rules of the jobs whose processes run (Starting, Training).
+        Once a job uploads its output or is being stopped, silence is expected and its cost
+        is nearly settled: a `stalled` or `budget` rule firing then (before the next
+        discovery sees the job end) alarmed and notified about a job that had finished.
+        Their points are still read and judged (a NaN logged last still counts)."""
+        statuses = self._statuses()
         for watched in list(self.jobs.values()):
+            if statuses.get(watched.job_id) not in TICKING_STATUSES:
+                continue
             if watched.wants_cost and now - watched.last_cost_at >= COST_SECONDS:
                 watched.last_cost_at = now
                 watched.cost, watched.projected_cost = job_costs(watched.job_id)
             for w in list(watched.rules.values()):
                 self._record(w, w.evaluator.tick(now, cost=watched.cost, projected_cost=watched.projected_cost,
                                                  first_step_at=watched.first_step_at))
+
+    def _statuses(self) -> dict[int, str]:
+        """{job id: status} of the watched jobs, read on each tick (one small query); empty
+        when the database cannot say (no clock rule fires on a guess)."""
+        try:
+            return dict(TrainingJob.objects.filter(pk__in=list(self.jobs)).values_list("pk", "status"))
+        except DatabaseError:
+            log.warning("rule watcher: could not read the jobs' statuses; the clock rules wait", exc_info=True)
+            return {}
 
     def finish(self, job_id: int) -> None:
         """The job ended: read what is left of its stream, tell each rule (one that never got

@@ -181,6 +181,41 @@ def test_stalled_fires_on_the_clock_and_a_log_line_clears_it(project, watcher):
     assert rule.state == RuleState.OK, rule.state_reason
 
 
+@pytest.mark.parametrize("status", [JobStatus.UPLOADING, JobStatus.STOPPING])
+def test_clock_rules_stay_quiet_once_the_processes_have_ended(project, watcher, status, settings):
+    """Seen in a walk: `stalled` (and `budget`) moved to ALARM while the job uploaded its
+    output, and notified "... the job is Completed". Silence after the script exits is
+    expected; the clock rules are ticked only while it runs."""
+    from jobs.models import JobAttempt, Node
+
+    settings.STUDIO_INSTANCE_PRICES = '{"cpu": 36.0}'  # a cent a second
+    job = running_job(project, [{"type": "stalled", "parameters": {"threshold_seconds": 1}},
+                                {"type": "budget", "parameters": {"limit": 0.5, "projected": False}}],
+                      resources={"instance_type": "cpu", "instance_count": 1})
+    node = Node.objects.create(name="priced-quiet", hostname="h", queue="node.priced-quiet")
+    JobAttempt.objects.create(job=job, attempt=1, node_rank=0, node=node, started_at=timezone.now(),
+                              price_per_hour="36.0", currency="USD")
+    TrainingJob.objects.filter(pk=job.pk).update(attempt=1)
+    w = watcher()
+    send(job, [("loss", 1, 1.0)])
+    run(w)
+    assert set(JobRule.objects.filter(job=job).values_list("state", flat=True)) == {RuleState.OK}
+    # The script exits; the output is uploaded (or the job is being stopped) for a while.
+    TrainingJob.objects.filter(pk=job.pk).update(status=status)
+    JobAttempt.objects.filter(job=job).update(started_at=timezone.now() - timedelta(seconds=120))  # over budget
+    time.sleep(1.5)
+    run(w)
+    assert not AlarmTransition.objects.filter(job=job, to_state=RuleState.ALARM).exists(), list(
+        AlarmTransition.objects.filter(job=job).values_list("rule__name", "to_state", "reason"))
+    job.refresh_from_db()
+    assert job.status == status and job.stop_rule in ("", None)
+    # The same rules on a job still training do fire: the test can fail.
+    TrainingJob.objects.filter(pk=job.pk).update(status=JobStatus.TRAINING)
+    run(w)
+    fired = set(AlarmTransition.objects.filter(job=job, to_state=RuleState.ALARM).values_list("rule__name", flat=True))
+    assert fired == {"stalled", "budget"}, fired
+
+
 def test_a_rule_that_never_gets_data_says_so_when_the_job_ends(project, watcher):
     job = running_job(project, [{"type": "custom", "name": "val", "parameters": {"metric": "validation_loss",
                                                                                  "threshold": 1, "comparison": ">"}}])
