@@ -103,7 +103,9 @@ class RuleSpecSerializer(KnownFieldsOnly):
         "step_outlier, budget, or custom (jobs.rules.engine.RULE_TYPES)."))
     parameters = serializers.DictField(required=False, help_text="The type's parameters; missing ones take their defaults.")
     actions = serializers.ListField(child=serializers.JSONField(), required=False,
-                                    help_text='"stop", "notify", "tag", or objects such as {"type": "notify", "channels": ["ops"]}.')
+                                    help_text=(
+        '"stop", "notify", "tag", or objects such as {"type": "notify", "channels": ["ops"], "on": ["ALARM", "OK"]}. '
+        'stop and tag act on entering ALARM; notify on every transition, or on entering the states in "on".'))
     enabled = serializers.BooleanField(required=False, default=True)
 
 

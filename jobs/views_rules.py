@@ -15,6 +15,7 @@ from django.views.decorators.http import require_POST
 
 from jobs.access import get_job_for_user
 from jobs.models import JobRule, TrainingJob
+from jobs.rules.common import STATES
 from jobs.rules.engine import ACTION_TYPES, RuleError
 from jobs.rules.store import RuleConflict, add_rule, delete_rule, update_rule
 from jobs.templatetags.job_rules import form_key
@@ -42,14 +43,27 @@ def _refused(request: HttpRequest, pk: int, values: dict, field: str | None, mes
 def rule_add(request: HttpRequest, pk: int) -> HttpResponse:
     job = get_job_for_user(request.user, pk, write=True)
     values: dict[str, Any] = {"type": request.POST.get("type", ""), "name": request.POST.get("name") or "",
-              "parameters": request.POST.get("parameters") or "", "actions": request.POST.getlist("actions")}
+              "parameters": request.POST.get("parameters") or "", "actions": request.POST.getlist("actions"),
+              "notify_on": request.POST.getlist("notify_on"), "channels": request.POST.getlist("channels")}
     raw_parameters = values["parameters"].strip() or "{}"
     try:
         parameters = json.loads(raw_parameters)
     except ValueError as exc:
         return _refused(request, pk, values, "parameters", f"must be a JSON object ({exc}).")
-    spec: dict = {"type": values["type"], "parameters": parameters,
-                  "actions": [a for a in values["actions"] if a in ACTION_TYPES]}
+    actions: list[Any] = []
+    for kind in ACTION_TYPES:
+        if kind not in values["actions"]:
+            continue
+        if kind == "notify":
+            if not values["notify_on"]:
+                return _refused(request, pk, values, "actions", "notify: tick at least one state to notify on.")
+            notify: dict[str, Any] = {"type": "notify", "channels": values["channels"] or None}
+            if set(values["notify_on"]) != set(STATES):
+                notify["on"] = values["notify_on"]
+            actions.append(notify)
+        else:
+            actions.append(kind)
+    spec: dict = {"type": values["type"], "parameters": parameters, "actions": actions}
     if name := values["name"].strip():
         spec["name"] = name
     try:

@@ -5,9 +5,10 @@
   agent's usual stop path runs (SIGTERM, grace, SIGKILL) and syncs the checkpoints, so the
   newest checkpoint is kept; a tuning job counts the trial as pruned.
 - `tag`: on a transition into ALARM, the tag is added to the job's tags (once).
-- `notify`: on every transition, one delivery per channel of the project (studio.notify:
-  a signed webhook POST or an e-mail, retried with back-off, each delivery recorded). A
-  channel that is down never affects the job.
+- `notify`: on every transition — or, with `on` (["ALARM"], ["ALARM", "OK"]), on those
+  into the states listed — one delivery per channel of the project, or of its `channels`
+  (studio.notify: a signed webhook POST or an e-mail, retried with back-off, each delivery
+  recorded). A channel that is down never affects the job.
 
 A transition inside the rule's cool-down (`fire` false) is recorded and does nothing.
 Each action's outcome is kept on the transition (`actions_taken`)."""
@@ -21,6 +22,7 @@ from typing import Any
 from django.db import transaction
 
 from jobs.models import RULE_TRIGGERED, AlarmTransition, JobEvent, JobRule, TrainingJob
+from jobs.rules.common import STATES
 from jobs.rules.engine import ALARM, Transition
 from jobs.transitions import note
 
@@ -47,7 +49,7 @@ def take_actions(rule: JobRule, row: AlarmTransition, t: Transition) -> list[dic
         elif kind == "stop" and into_alarm:
             job = job or TrainingJob.objects.select_related("project").get(pk=rule.job_id)
             taken.append(_stop(rule, job, t))
-        elif kind == "notify":
+        elif kind == "notify" and t.to_state in (action.get("on") or STATES):
             job = job or TrainingJob.objects.select_related("project").get(pk=rule.job_id)
             taken.append(_notify(rule, job, row, t, action.get("channels")))
     return taken

@@ -17,6 +17,7 @@ from jobs.rules.common import (
     NAME_RE,
     RULE_KEYS,
     RULE_TYPES,
+    STATES,
     TAG_MAX_CHARS,
     RuleError,
     _describe,
@@ -214,13 +215,15 @@ def _check_actions(raw: object, rule_type: str, rule_name: str) -> list[dict[str
         if kind not in ACTION_TYPES or not isinstance(kind, str):
             raise RuleError(f"{path}.type" if "type" in item else path,
                             f"must name an action: one of {_listing(ACTION_TYPES)}, not {_describe(kind)}.")
-        known = {"stop": ("type",), "notify": ("type", "channels"), "tag": ("type", "tag")}[kind]
+        known = {"stop": ("type",), "notify": ("type", "channels", "on"), "tag": ("type", "tag")}[kind]
         unknown = [str(key) for key in item if key not in known]
         if unknown:
             raise RuleError(f"{path}.{unknown[0]}", f"is not a key of a {kind} action; its keys are {_listing(known)}.")
         action: dict[str, Any] = {"type": kind}
         if kind == "notify":
             action["channels"] = _check_channels(f"{path}.channels", item.get("channels"))
+            if item.get("on") is not None:
+                action["on"] = _check_notify_on(f"{path}.on", item["on"])
         elif kind == "tag":
             tag = item.get("tag")
             if tag is None:
@@ -231,6 +234,20 @@ def _check_actions(raw: object, rule_type: str, rule_name: str) -> list[dict[str
             action["tag"] = tag
         actions.append(action)
     return actions
+
+
+def _check_notify_on(path: str, raw: object) -> list[str]:
+    """The states whose entry a notify action reports (CloudWatch's alarm, OK and
+    insufficient-data actions); left out, every transition is sent."""
+    if not isinstance(raw, list) or not raw:
+        raise RuleError(path, f"must be a non-empty list of the states to notify on entering ({_listing(STATES)}; "
+                              f"leave it out for every transition), not {_describe(raw)}.")
+    for index, state in enumerate(raw):
+        if state not in STATES or not isinstance(state, str):
+            raise RuleError(f"{path}[{index}]", f"must be one of {_listing(STATES)}, not {_describe(state)}.")
+        if state in raw[:index]:
+            raise RuleError(f"{path}[{index}]", f"names {state} twice; list each state once.")
+    return [state for state in STATES if state in raw]
 
 
 def _check_channels(path: str, raw: object) -> list[str] | None:

@@ -12,7 +12,9 @@ from django.template.loader import render_to_string
 from django.utils.safestring import SafeString, mark_safe
 
 from jobs.models import AlarmTransition, JobRule, RuleState, TrainingJob
+from jobs.rules.common import STATES
 from jobs.rules.engine import RULE_TYPES
+from studio.models import NotificationChannel
 
 register = template.Library()
 
@@ -34,12 +36,13 @@ def action_words(actions: list[dict]) -> str:
     words = []
     for action in actions or []:
         kind = action.get("type", "")
-        if kind == "notify" and action.get("channels"):
-            words.append(f"notify {', '.join(action['channels'])}")
+        if kind == "notify":
+            to = f"notify {', '.join(action['channels'])}" if action.get("channels") else "notify all channels"
+            words.append(f"{to} on {' or '.join(action['on'])}" if action.get("on") else f"{to} on every change")
         elif kind == "tag":
-            words.append(f"tag {action.get('tag') or ''}".strip())
+            words.append(f"tag {action['tag']} on ALARM" if action.get("tag") else "tag on ALARM")
         else:
-            words.append(kind)
+            words.append(f"{kind} on ALARM")
     return ", ".join(words) or "state only"
 
 
@@ -91,4 +94,6 @@ def job_rules_panel(context: template.Context, job: TrainingJob) -> SafeString:
         "firing": sum(1 for r in rules if r.state == RuleState.ALARM and r.enabled),
         "finished": job.is_finished(),
         "can_edit": bool(context.get("can_write")) and not job.is_finished(),
-        "types": [(t, DEFAULTS_SHOWN.get(t, "")) for t in RULE_TYPES]}, request=request))
+        "types": [(t, DEFAULTS_SHOWN.get(t, "")) for t in RULE_TYPES], "states": STATES,
+        "channels": list(NotificationChannel.objects.filter(project_id=job.project_id).only("name", "kind", "enabled"))
+        if context.get("can_write") and not job.is_finished() else []}, request=request))

@@ -135,3 +135,35 @@ def test_a_clock_alarm_is_marked_on_the_charts_at_the_last_step_the_job_reported
     assert {(m["rule"], m["step"], m["metric"]) for m in marks} == {("stalled", 55, None), ("nan", 7, "loss")}
     strip = re.search(r'<ol class="events-strip" id="rule-events">(.*?)</ol>', html, re.S)[1]
     assert "stalled</span> after step 55" in strip and "nan</span> at step 7" in strip
+
+
+def test_the_add_a_rule_form_says_when_each_action_acts_and_picks_the_notify_states_and_channels(client, teammate,
+                                                                                                 project):
+    """The form's legend said "Actions on ALARM" while notify sent every transition, and it
+    offered no channel: its notify now takes the states (`on`) and the channels."""
+    from studio.models import NotificationChannel
+
+    NotificationChannel.objects.create(project=project, name="ops", kind="webhook", url="http://127.0.0.1:9/hook")
+    NotificationChannel.objects.create(project=project, name="pager", kind="email", emails=["a@example.com"])
+    job = make_job(project, name="running", submitted=True, status=JobStatus.TRAINING, started_at=timezone.now())
+    client.force_login(teammate)
+    html = client.get(f"/jobs/{job.pk}/").content.decode()
+    form = html[html.find('id="rule-add"'):]
+    assert "Actions on ALARM" not in form and "stop the job when the rule enters ALARM" in form
+    assert re.search(r'name="notify_on" value="ALARM" checked', form) and re.search(r'name="notify_on" value="OK" checked', form)
+    assert re.search(r'name="notify_on" value="INSUFFICIENT_DATA">', form), "the start's INSUFFICIENT_DATA → OK is not sent"
+    assert 'name="channels" value="ops"' in form and 'name="channels" value="pager"' in form
+
+    client.post(f"/jobs/{job.pk}/rules/add/", {"type": "stalled", "name": "quiet", "actions": ["notify"],
+                                               "notify_on": ["ALARM"], "channels": ["pager"]})
+    assert JobRule.objects.get(job=job, name="quiet").actions == [{"type": "notify", "channels": ["pager"], "on": ["ALARM"]}]
+    client.post(f"/jobs/{job.pk}/rules/add/", {"type": "stalled", "name": "all", "actions": ["notify", "stop"],
+                                               "notify_on": ["ALARM", "OK", "INSUFFICIENT_DATA"]})
+    assert JobRule.objects.get(job=job, name="all").actions == [{"type": "stop"}, {"type": "notify", "channels": None}]
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert "notify pager on ALARM" in page and "stop on ALARM, notify all channels on every change" in page
+    refused = client.post(f"/jobs/{job.pk}/rules/add/", {"type": "stalled", "name": "none", "actions": ["notify"]},
+                          follow=True).content.decode()
+    assert "tick at least one state to notify on" in refused and not JobRule.objects.filter(job=job, name="none").exists()
+    assert not re.search(r'name="notify_on" value="ALARM" checked', refused[refused.find('id="rule-add"'):]), \
+        "the form comes back as it was sent"

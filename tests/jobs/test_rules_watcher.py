@@ -419,6 +419,46 @@ def test_record_many_stores_each_rules_last_state_and_changes_its_time_only_on_a
     assert (job.status, job.stop_rule) == (JobStatus.STOPPING, "non_finite"), "the ALARM's stop action ran"
 
 
+def test_a_notify_action_with_on_sends_only_the_transitions_into_those_states(project, watcher):
+    """Without `on` a notify action sends every transition, INSUFFICIENT_DATA → OK at the
+    job's start included; `on: ["ALARM"]` sends the alarm alone (CloudWatch's alarm actions)."""
+    from studio.models import Delivery, NotificationChannel
+
+    NotificationChannel.objects.create(project=project, name="ops", kind="webhook", url="http://127.0.0.1:9/hook")
+    custom = {"metric": "loss", "threshold": 2, "comparison": ">"}
+    job = running_job(project, [
+        {"type": "custom", "name": "every", "parameters": custom, "actions": ["notify"]},
+        {"type": "custom", "name": "alarms", "parameters": custom, "actions": [{"type": "notify", "on": ["ALARM"]}]},
+        {"type": "custom", "name": "both", "parameters": custom, "actions": [{"type": "notify", "on": ["OK", "ALARM"]}]}])
+    w = watcher()
+    for step, value in enumerate([1.0, 5.0, 1.0], start=1):  # → OK, → ALARM, → OK
+        send(job, [("loss", step, value)])
+        run(w)
+    sent = {}
+    for name in ("every", "alarms", "both"):
+        taken = [(t.from_state, t.to_state, bool(t.actions_taken))
+                 for t in AlarmTransition.objects.filter(job=job, rule__name=name).order_by("at", "pk")]
+        sent[name] = [(a, b) for a, b, notified in taken if notified]
+        assert [(a, b) for a, b, _ in taken] == [("INSUFFICIENT_DATA", "OK"), ("OK", "ALARM"), ("ALARM", "OK")], taken
+    assert sent == {"every": [("INSUFFICIENT_DATA", "OK"), ("OK", "ALARM"), ("ALARM", "OK")],
+                    "alarms": [("OK", "ALARM")],
+                    "both": [("INSUFFICIENT_DATA", "OK"), ("OK", "ALARM"), ("ALARM", "OK")]}, sent
+    assert Delivery.objects.count() == 3 + 1 + 3
+    assert JobRule.objects.get(job=job, name="both").actions == [{"type": "notify", "channels": None,
+                                                                  "on": ["OK", "ALARM"]}]
+
+
+@pytest.mark.parametrize(("on", "field", "words"), [
+    ("ALARM", "actions[0].on", "non-empty list"), ([], "actions[0].on", "non-empty list"),
+    (["ALARM", "alarm"], "actions[0].on[1]", "one of"), (["OK", "OK"], "actions[0].on[1]", "twice")])
+def test_a_bad_notify_on_is_refused_naming_the_item(on, field, words):
+    from jobs.rules.engine import RuleError, check_rule
+
+    with pytest.raises(RuleError) as refused:
+        check_rule({"type": "stalled", "actions": [{"type": "notify", "on": on}]})
+    assert refused.value.field == field and words in refused.value.message, (refused.value.field, refused.value.message)
+
+
 def test_a_notify_that_reaches_no_channel_says_so_on_the_transition(project, watcher):
     from studio.models import Delivery, NotificationChannel
 
