@@ -22,7 +22,13 @@ from jobs.access import get_job_for_user
 from jobs.models import FINISHED_STATUSES, AlarmTransition, JobRule, RuleState, TrainingJob
 from jobs.rules.engine import RuleError
 from jobs.rules.store import RuleConflict, add_rule, delete_rule, update_rule
-from jobs.serializers import AlarmTransitionSerializer, RuleChangeSerializer, RuleSerializer, RuleSpecSerializer
+from jobs.serializers import (
+    AlarmTransitionSerializer,
+    RuleChangeSerializer,
+    RulePatchSerializer,
+    RuleSerializer,
+    RuleSpecSerializer,
+)
 from studio.access import get_project_for_user
 from studio.api import ApiError, PaginatedAPIView, id_param, paginate
 from studio.models import Project
@@ -107,12 +113,13 @@ class JobRuleListView(PaginatedAPIView):
             raise ApiError('name: say which rule to change ("name", or "id").', fields={"name": ["This field is required."]})
         if rule is None:
             raise ApiError("The job has no such rule.", code="not_found", status_code=404)
-        return Response(RuleSerializer(_update(rule, body, job)).data)
+        renamed_by = "new_name" if "new_name" in request.data else "name"
+        return Response(RuleSerializer(_update(rule, body, job, name_field=renamed_by)).data)
 
 
-def _update(rule: JobRule, body: dict, job: TrainingJob) -> JobRule:
+def _update(rule: JobRule, body: dict, job: TrainingJob, *, name_field: str = "name") -> JobRule:
     try:
-        return update_rule(rule, body, job_finished=job.is_finished(), project_id=job.project_id)
+        return update_rule(rule, body, job_finished=job.is_finished(), project_id=job.project_id, name_field=name_field)
     except RuleError as exc:
         raise rule_error(exc) from exc
     except RuleConflict as exc:
@@ -134,7 +141,7 @@ class JobRuleDetailView(APIView):
         rule, _ = self._rule(request, pk, rule_id)
         return Response(RuleSerializer(rule).data)
 
-    @extend_schema(request=RuleSpecSerializer, responses=RuleSerializer)
+    @extend_schema(request=RulePatchSerializer, responses=RuleSerializer)
     def patch(self, request: Request, pk: int, rule_id: int) -> Response:
         rule, job = self._rule(request, pk, rule_id, write=True)
         return Response(RuleSerializer(_update(rule, _body(request), job)).data)

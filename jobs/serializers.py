@@ -109,6 +109,17 @@ class RuleSpecSerializer(KnownFieldsOnly):
     enabled = serializers.BooleanField(required=False, default=True)
 
 
+class RulePatchSerializer(RuleSpecSerializer):
+    """PATCH /jobs/<id>/rules/<rule id>/: what changes; every key may be left out and keeps
+    its value (no default: a generated client that sends its model whole must not turn a
+    rule that was turned off back on)."""
+
+    name = serializers.CharField(max_length=100, required=False, help_text="A new name for the rule.")
+    type = serializers.CharField(max_length=32, required=False, help_text=(
+        "The rule's type, which does not change: given, it must be the rule's own."))
+    enabled = serializers.BooleanField(required=False, help_text="Turn the rule off (false) or on; left out, unchanged.")
+
+
 class RuleChangeSerializer(RuleSpecSerializer):
     """PATCH /jobs/<id>/rules/: the rule to change, by "id" or by "name", and what changes."""
 
@@ -118,7 +129,7 @@ class RuleChangeSerializer(RuleSpecSerializer):
         'The rule to change, by name, when no "id" is given.'))
     new_name = serializers.CharField(max_length=100, required=False, help_text='A new name for the rule named by "name".')
     type = serializers.CharField(max_length=32, required=False, help_text=RuleSpecSerializer().fields["type"].help_text)
-    enabled = serializers.BooleanField(required=False)
+    enabled = serializers.BooleanField(required=False, help_text="Turn the rule off (false) or on; left out, unchanged.")
 
 
 class RuleSpecField(serializers.JSONField):

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import redis
 from django.db import connection, models, transaction
 from django.db.models import Max
 from django.utils import timezone
@@ -94,8 +95,11 @@ def record_many(changes: Sequence[tuple[JobRule, Sequence[Transition]]]) -> list
     from jobs.rules.actions import take_actions
 
     now = timezone.now()
-    reached = _steps_reached(changes)
     with transaction.atomic():
+        changes = _still_current(changes)
+        if not changes:
+            return []
+        reached = _steps_reached(changes)
         rows = AlarmTransition.objects.bulk_create([
             AlarmTransition(rule_id=rule.pk, job_id=rule.job_id, from_state=t.from_state, to_state=t.to_state,
                             at=moment(t.at), step=t.step, reason=t.reason[:4000],
@@ -131,7 +135,53 @@ def record_many(changes: Sequence[tuple[JobRule, Sequence[Transition]]]) -> list
     return rows
 
 
+def _still_current(changes: list[tuple[JobRule, list[Transition]]]) -> list[tuple[JobRule, list[Transition]]]:
+    """The changes whose rule is still as the watcher read it: a rule deleted, turned off or
+    redefined since (a PATCH between two of its discoveries) judged by a definition that no
+    longer holds, so what it found is dropped — a rule turned off never alarms after the
+    PATCH returned. The rows are locked against a PATCH until the commit; the watcher's next
+    evaluator starts from the stored state (jobs.rules.watcher._sync_rules)."""
+    current = dict(JobRule.objects.select_for_update().filter(pk__in=[rule.pk for rule, _ in changes])
+                   .values_list("pk", "updated_at").filter(enabled=True))
+    kept = [(rule, transitions) for rule, transitions in changes if current.get(rule.pk) == rule.updated_at]
+    if len(kept) < len(changes):
+        log.info("dropped the transitions of %d rule(s) changed, turned off or deleted since the watcher read them",
+                 len(changes) - len(kept))
+    return kept
+
+
 # --- definitions (the API's and the pages' writes) ---------------------------------------------
+RULES_CHANGED_KEY = "trainyard:rules:changed"  # bumped on each change: the watcher then looks at once
+
+
+def _tell_watcher() -> None:
+    """After the commit, bump RULES_CHANGED_KEY: the watcher rereads the rules in its next
+    cycle instead of at its next discovery (up to DISCOVER_SECONDS later). Redis down: it
+    still does then."""
+    def bump() -> None:
+        from jobs.metrics import metrics_redis
+
+        try:
+            client = metrics_redis()
+            client.incr(RULES_CHANGED_KEY)
+            client.close()
+        except redis.RedisError:
+            log.info("could not tell the rule watcher of a change; it sees it at its next discovery")
+
+    transaction.on_commit(bump)
+
+
+def _changed_reason(rule: JobRule, before: dict, now: datetime) -> str:
+    """The rule's state_reason after a PATCH: its stored reason was the old definition's."""
+    at = now.astimezone(UTC).strftime("%H:%M:%S UTC")
+    if before["enabled"] and not rule.enabled:
+        return f"Turned off at {at}: not evaluated; it was {rule.state}."
+    if rule.enabled and not before["enabled"]:
+        return f"Turned on at {at}: evaluated from the job's next points; {rule.state} until then."
+    return (f"Changed at {at}: evaluated from the job's next points; {rule.state} until then (the earlier "
+            f"definition's verdict, in the alarm history).")
+
+
 class RuleConflict(Exception):
     """The job is finished: its rules no longer change (a 409)."""
 
@@ -174,8 +224,10 @@ def add_rule(job_id: int, raw: Any, *, job_finished: bool, project_id: int) -> J
     check_channels_exist(project_id, [spec], lone=True)
     if JobRule.objects.filter(job_id=job_id, name=spec["name"]).exists():
         raise RuleError("name", f"The job already has a rule named {spec['name']!r}; pick another name or PATCH that one.")
-    return JobRule.objects.create(job_id=job_id, name=spec["name"], type=spec["type"], parameters=spec["parameters"],
+    rule = JobRule.objects.create(job_id=job_id, name=spec["name"], type=spec["type"], parameters=spec["parameters"],
                                   actions=spec["actions"], enabled=spec["enabled"], state_reason=waiting_reason(spec))
+    _tell_watcher()
+    return rule
 
 
 def spec_of(rule: JobRule) -> dict:
@@ -183,8 +235,10 @@ def spec_of(rule: JobRule) -> dict:
             "enabled": rule.enabled}
 
 
-def update_rule(rule: JobRule, raw: Any, *, job_finished: bool, project_id: int) -> JobRule:
-    """Change a rule's parameters, actions, enabled or name (not its type); re-checked whole."""
+def update_rule(rule: JobRule, raw: Any, *, job_finished: bool, project_id: int, name_field: str = "name") -> JobRule:
+    """Change a rule's parameters, actions, enabled or name (not its type); re-checked whole.
+    A changed definition says so in its state_reason and reaches the watcher at once; a
+    name taken already is a RuleError on `name_field` (the API's "new_name" where that gave it)."""
     from jobs.rules.engine import RuleError, check_rule
 
     if job_finished:
@@ -192,10 +246,17 @@ def update_rule(rule: JobRule, raw: Any, *, job_finished: bool, project_id: int)
     spec = check_rule(raw, partial=spec_of(rule))
     check_channels_exist(project_id, [spec], lone=True)
     if spec["name"] != rule.name and JobRule.objects.filter(job_id=rule.job_id, name=spec["name"]).exists():
-        raise RuleError("name", f"The job already has a rule named {spec['name']!r}.")
+        raise RuleError(name_field, f"The job already has a rule named {spec['name']!r}.")
+    before = spec_of(rule)
     rule.name, rule.parameters, rule.actions, rule.enabled = spec["name"], spec["parameters"], spec["actions"], spec["enabled"]
-    rule.updated_at = timezone.now()
-    rule.save(update_fields=["name", "parameters", "actions", "enabled", "updated_at"])
+    now = timezone.now()
+    if {k: v for k, v in spec_of(rule).items() if k != "name"} != {k: v for k, v in before.items() if k != "name"}:
+        rule.state_reason = _changed_reason(rule, before, now)  # a rename alone: the verdict stands
+    rule.updated_at = now
+    with transaction.atomic():
+        JobRule.objects.select_for_update().filter(pk=rule.pk).first()  # after a cycle storing this rule's verdict
+        rule.save(update_fields=["name", "parameters", "actions", "enabled", "state_reason", "updated_at"])
+        _tell_watcher()
     return rule
 
 
@@ -204,3 +265,4 @@ def delete_rule(rule: JobRule, *, job_finished: bool) -> None:
     if job_finished:
         raise RuleConflict("The job has finished; its rules and their history are kept.")
     rule.delete()
+    _tell_watcher()

@@ -47,7 +47,7 @@ from jobs.metrics import metrics_redis, parse_number, stream_items, text
 from jobs.metrics.ingest import RULES_GROUP
 from jobs.models import JobRule, JobStatus, MetricPoint, TrainingJob
 from jobs.rules.engine import INSUFFICIENT_DATA, Evaluator, GpuSample, Point, PointColumns, Transition, evaluator
-from jobs.rules.store import record, record_many
+from jobs.rules.store import RULES_CHANGED_KEY, record, record_many
 from trainyard.protocol import LOGS_STREAM, METRICS_STREAM, SYSTEM_STREAM, key
 
 log = logging.getLogger(__name__)
@@ -148,6 +148,7 @@ class RuleWatcher:
         self._grouped: set[int] = set()
         self._last_discover = 0.0
         self._last_tick = 0.0
+        self._rules_seen: bytes | None = None
         self._leader = False
         self._recovering = True
         self.points_seen = 0  # points handed to rules
@@ -195,7 +196,7 @@ class RuleWatcher:
         before = self.transitions
         try:
             now = time.monotonic()
-            if now - self._last_discover >= self.discover_seconds:
+            if now - self._last_discover >= self.discover_seconds or self._rules_changed():
                 self._last_discover = now
                 self.discover()
             if not self.jobs:
@@ -214,6 +215,17 @@ class RuleWatcher:
         return self.transitions - before
 
     # --- which jobs and rules --------------------------------------------------------
+    def _rules_changed(self) -> bool:
+        """Whether a rule was added, changed or deleted since the last look (the API bumps
+        RULES_CHANGED_KEY): a rule turned off stops being evaluated within a cycle, not at
+        the next discovery."""
+        try:
+            seen = self.redis.get(RULES_CHANGED_KEY)
+        except redis.RedisError:
+            return False
+        changed, self._rules_seen = seen != self._rules_seen, seen
+        return changed
+
     def discover(self) -> None:
         running = {row["pk"]: row for row in TrainingJob.objects.running().values("pk", "attempt", "started_at")}
         for job_id in [j for j in self.jobs if j not in running]:
@@ -258,7 +270,9 @@ class RuleWatcher:
         spec = {"name": rule.name, "type": rule.type, "parameters": rule.parameters, "actions": rule.actions,
                 "enabled": rule.enabled}
         if carry is not None:
-            return evaluator(spec, started_at=started_at, state=carry.state, had_data=carry.had_data)
+            # The stored state, not the replaced evaluator's: a verdict it reached under the old
+            # definition after the change was dropped (jobs.rules.store._still_current).
+            return evaluator(spec, started_at=started_at, state=rule.state, had_data=carry.had_data)
         ev = evaluator(spec, started_at=started_at, state=rule.state,
                        had_data=rule.state != INSUFFICIENT_DATA or rule.state_changed_at is not None)
         ev.resume(resume_at if resume_at is not None else time.time())

@@ -253,3 +253,40 @@ def test_the_bodies_the_rules_api_takes_are_valid_under_its_schema(owner, client
     # A key the API refuses, the schema refuses too.
     assert not change.is_valid({"id": rule.pk, "bogus": 1})
     assert not submit.is_valid(body(version, rules=[{"type": "stalled", "bogus": 1}]))
+
+
+def test_a_patch_leaves_out_what_it_does_not_change_and_says_so_in_the_rules_reason(teammate, client_for, running):
+    """Seen through a generated client: the schema gave PATCH's `enabled` a default of true,
+    so a client sending its model whole turned a rule that was off back on; the reason kept
+    the old definition's verdict; a rename clash was reported on `name`, not `new_name`."""
+    from drf_spectacular.generators import SchemaGenerator
+
+    schema = SchemaGenerator().get_schema(request=None, public=True)
+    for path, name in ((f"/api/v1/jobs/{{id}}/rules/{{rule_id}}/", "patch"), ("/api/v1/jobs/{id}/rules/", "patch")):
+        operation = schema["paths"][path][name]
+        ref = operation["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+        enabled = schema["components"]["schemas"][ref]["properties"]["enabled"]
+        assert "default" not in enabled and not schema["components"]["schemas"][ref].get("required"), (path, ref, enabled)
+
+    client = client_for(teammate)
+    url = f"/api/v1/jobs/{running.pk}/rules/"
+    made = client.post(url, {"name": "high", "type": "custom", "parameters": {"metric": "loss", "threshold": 2}},
+                       format="json").json()
+    JobRule.objects.filter(pk=made["id"]).update(state=RuleState.ALARM, state_reason="loss 5 > 2 (1 of 1 points)")
+    client.post(url, {"name": "other", "type": "stalled"}, format="json")
+
+    off = client.patch(f"{url}{made['id']}/", {"enabled": False}, format="json").json()
+    assert off["enabled"] is False and off["state_reason"].startswith("Turned off at "), off["state_reason"]
+    renamed = client.patch(f"{url}{made['id']}/", {"name": "higher"}, format="json").json()
+    assert renamed["enabled"] is False, "a rename alone keeps it off"
+    changed = client.patch(url, {"name": "higher", "parameters": {"threshold": 9}}, format="json").json()
+    assert changed["enabled"] is False and changed["parameters"]["threshold"] == 9
+    on = client.patch(url, {"name": "higher", "enabled": True}, format="json").json()
+    assert on["state_reason"].startswith("Turned on at ") and "ALARM until then" in on["state_reason"], on["state_reason"]
+    redefined = client.patch(url, {"name": "higher", "parameters": {"threshold": 10}}, format="json").json()
+    assert redefined["state_reason"].startswith("Changed at ") and "ALARM until then" in redefined["state_reason"], redefined
+
+    clash = client.patch(url, {"name": "higher", "new_name": "other"}, format="json")
+    assert clash.status_code == 400 and set(clash.json()["error"]["fields"]) == {"new_name"}, clash.json()
+    clash_by_id = client.patch(f"{url}{made['id']}/", {"name": "other"}, format="json")
+    assert clash_by_id.status_code == 400 and set(clash_by_id.json()["error"]["fields"]) == {"name"}, clash_by_id.json()

@@ -573,3 +573,37 @@ def test_a_max_init_time_rule_added_after_a_restart_judges_the_attempts_real_fir
     assert rule.state_reason.startswith("first step 60 s after the start"), rule.state_reason
     job.refresh_from_db()
     assert job.stop_rule == ""
+
+
+def test_a_rule_turned_off_is_not_evaluated_after_the_patch_returns(project, watcher, django_capture_on_commit_callbacks):
+    """It was for up to a discovery (~1.5 s): the watcher now hears of the change in its next
+    cycle, and a verdict reached under a definition changed since is dropped at the commit."""
+    from jobs.rules.engine import Transition
+    from jobs.rules.store import record_many, update_rule
+
+    job = running_job(project, [{"type": "custom", "name": "high", "parameters": {"metric": "loss", "threshold": 2,
+                                                                                  "comparison": ">"}}])
+    w = RuleWatcher(redis_client(), discover_seconds=1e9, tick_seconds=0.0)
+    try:
+        assert w.lead()
+        w.discover()
+        w._last_discover = time.monotonic()
+        w._rules_changed()
+        send(job, [("loss", 1, 1.0)])
+        run(w)
+        rule = JobRule.objects.get(job=job, name="high")
+        assert rule.state == RuleState.OK
+        watched_rule = next(r.rule for r in w.jobs[job.pk].rules.values() if r.rule.name == "high")
+        with django_capture_on_commit_callbacks(execute=True):
+            update_rule(rule, {"enabled": False}, job_finished=False, project_id=project.pk)
+        send(job, [("loss", 2, 5.0)])
+        run(w)
+        assert not AlarmTransition.objects.filter(rule=rule, to_state=RuleState.ALARM).exists()
+        assert rule.pk not in w.jobs[job.pk].rules, "dropped at the next cycle, not the next discovery"
+    finally:
+        w.resign()
+    # The watcher's copy of the rule, read before the PATCH: what it found is not stored.
+    stale = Transition(from_state="OK", to_state="ALARM", at=time.time(), step=3, reason="loss 5 > 2", values={})
+    assert record_many([(watched_rule, [stale])]) == []
+    rule.refresh_from_db()
+    assert rule.state == RuleState.OK and rule.state_reason.startswith("Turned off")
