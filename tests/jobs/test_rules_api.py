@@ -262,7 +262,7 @@ def test_a_patch_leaves_out_what_it_does_not_change_and_says_so_in_the_rules_rea
     from drf_spectacular.generators import SchemaGenerator
 
     schema = SchemaGenerator().get_schema(request=None, public=True)
-    for path, name in ((f"/api/v1/jobs/{{id}}/rules/{{rule_id}}/", "patch"), ("/api/v1/jobs/{id}/rules/", "patch")):
+    for path, name in (("/api/v1/jobs/{id}/rules/{rule_id}/", "patch"), ("/api/v1/jobs/{id}/rules/", "patch")):
         operation = schema["paths"][path][name]
         ref = operation["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
         enabled = schema["components"]["schemas"][ref]["properties"]["enabled"]
