@@ -58,6 +58,14 @@ class NotificationChannelCreateSerializer(_ChannelFields):
     kind = serializers.ChoiceField(choices=NotificationChannel.Kind.choices)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        # The other kind's field is refused, not dropped (a PATCH refuses it too): a webhook
+        # given addresses would never mail them.
+        if attrs["kind"] == NotificationChannel.Kind.WEBHOOK and attrs.get("emails"):
+            raise serializers.ValidationError({"emails": ["A webhook channel sends to its url; leave emails out (or "
+                                                          "make an e-mail channel)."]})
+        if attrs["kind"] == NotificationChannel.Kind.EMAIL and attrs.get("url"):
+            raise serializers.ValidationError({"url": ["An e-mail channel sends to its emails; leave url out (or make "
+                                                       "a webhook channel)."]})
         if attrs["kind"] == NotificationChannel.Kind.WEBHOOK and not attrs.get("url"):
             raise serializers.ValidationError({"url": ["A webhook needs a URL."]})
         if attrs["kind"] == NotificationChannel.Kind.EMAIL and not attrs.get("emails"):

@@ -16,12 +16,10 @@ in constant time, and refuse a timestamp more than five minutes away (a replay).
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import json
 import logging
 import math
+import re
 import secrets
 import socket
 import ssl
@@ -46,16 +44,25 @@ from studio.errors import ActionError, FieldError
 from studio.models import Delivery, NotificationChannel, Project
 from studio.networks import Network, in_networks, networks
 from studio.version import VERSION
+from trainyard.webhooks import (  # noqa: F401 - re-exported: studio.notify.verify and its headers as before
+    DELIVERY_HEADER,
+    EVENT_HEADER,
+    SIGNATURE_HEADER,
+    SIGNATURE_TOLERANCE_SECONDS,
+    STANDARD_ID_HEADER,
+    STANDARD_SIGNATURE_HEADER,
+    STANDARD_TIMESTAMP_HEADER,
+    sign,
+    standard_signature,
+    standard_webhooks_secret,
+    verify,
+)
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
 
 log = logging.getLogger(__name__)
 
-SIGNATURE_HEADER = "X-Trainyard-Signature"
-EVENT_HEADER = "X-Trainyard-Event"
-DELIVERY_HEADER = "X-Trainyard-Delivery"
-SIGNATURE_TOLERANCE_SECONDS = 300
 LOST_MESSAGE_SECONDS = 10  # a delivery never tried after this long lost its task message
 SWEEP_BUDGET_SECONDS = 4.0  # under the beat period (5 s): the rest waits for the next sweep
 SWEEP_BATCH = 100
@@ -63,55 +70,9 @@ MAX_EMAILS = 20
 ERROR_BODY_CHARS = 200
 
 
-# --- signatures -----------------------------------------------------------------------------
-def sign(secret: str, body: bytes, timestamp: int) -> str:
-    """The signature header's value for `body` sent at `timestamp` (unix seconds)."""
-    digest = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
-    return f"t={timestamp},v1={digest}"
-
-
-def verify(secret: str, body: bytes, header: str, *, tolerance: int = SIGNATURE_TOLERANCE_SECONDS,
-           now: float | None = None) -> bool:
-    """True when `header` (X-Trainyard-Signature) signs exactly `body` with `secret` and its
-    timestamp is within `tolerance` seconds of `now` (default: the clock). Malformed → False."""
-    timestamp: int | None = None
-    signatures: list[str] = []
-    for part in (header or "").split(","):
-        key, _, value = part.strip().partition("=")
-        if key == "t" and value.isascii() and value.isdigit():  # "²".isdigit(), yet int("²") raises
-            timestamp = int(value)
-        elif key == "v1" and value:
-            signatures.append(value)
-    if timestamp is None or not signatures:
-        return False
-    if abs((time.time() if now is None else now) - timestamp) > tolerance:
-        return False
-    expected = sign(secret, body, timestamp).rpartition("v1=")[2]
-    # Every candidate is compared (no early exit), each in constant time.
-    return any([hmac.compare_digest(expected.encode(), candidate.encode()) for candidate in signatures])
-
-
+# --- signatures (trainyard.webhooks, Django-free, for receivers too) ---------------------------
 def new_secret() -> str:
     return secrets.token_urlsafe(32)
-
-
-# Standard Webhooks (standardwebhooks.com), signed beside our own header so a receiver can use
-# that spec's libraries in any language: webhook-id (the delivery, the same on every retry),
-# webhook-timestamp, webhook-signature "v1,<base64 HMAC-SHA256(key, id.timestamp.body)>", whose
-# key is the channel's secret as bytes, handed out base64 with the spec's whsec_ prefix.
-STANDARD_ID_HEADER = "webhook-id"
-STANDARD_TIMESTAMP_HEADER = "webhook-timestamp"
-STANDARD_SIGNATURE_HEADER = "webhook-signature"
-
-
-def standard_webhooks_secret(secret: str) -> str:
-    """The channel's secret as Standard Webhooks libraries take it (Webhook("whsec_…"))."""
-    return "whsec_" + base64.b64encode(secret.encode()).decode()
-
-
-def standard_signature(secret: str, message_id: str, body: bytes, timestamp: int) -> str:
-    digest = hmac.new(secret.encode(), f"{message_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
-    return "v1," + base64.b64encode(digest).decode()
 
 
 # --- what a channel may hold (the API's serializer and the page's form both ask) ------------
@@ -137,7 +98,26 @@ def webhook_url_problem(url: str) -> str | None:
         return "Not a valid port."
     if in_networks(parts.hostname, denied_networks()):
         return f"{parts.hostname} is in STUDIO_WEBHOOK_DENIED_NETWORKS: the studio sends no webhook there."
+    address = ipv4_literal(parts.hostname)
+    if address is not None and in_networks(address, denied_networks()):
+        return (f"{parts.hostname} is the address {address}, in STUDIO_WEBHOOK_DENIED_NETWORKS: the studio sends no "
+                f"webhook there.")
     return None
+
+
+IPV4_SHORTHAND = re.compile(r"^(0x[0-9a-f]+|[0-9]+)(\.(0x[0-9a-f]+|[0-9]+)){0,3}$", re.IGNORECASE)
+
+
+def ipv4_literal(host: str) -> str | None:
+    """The dotted IPv4 address a host written as a number stands for — 2852039166,
+    0xa9fea9fe, 0251.0376.0251.0376, 169.254.43518 are all 169.254.169.254 to the resolver
+    (inet_aton's forms) — or None for a name or an address already in dotted form."""
+    if not IPV4_SHORTHAND.match(host):
+        return None
+    try:
+        return socket.inet_ntoa(socket.inet_aton(host))
+    except OSError:
+        return None
 
 
 def denied_networks() -> tuple[Network, ...]:
@@ -173,8 +153,9 @@ def create_channel(*, project: Project, user: User | None, name: str, kind: str,
     once and never again. The name is unique in the project (a 400 on `name`)."""
     webhook = kind == NotificationChannel.Kind.WEBHOOK
     secret = new_secret() if webhook else ""
-    if NotificationChannel.objects.filter(project=project, name=name).exists():
-        raise FieldError("name", f"A channel named '{name}' already exists in this project.")
+    if taken := NotificationChannel.objects.filter(project=project, name__iexact=name).first():
+        raise FieldError("name", f"A channel named '{taken.name}' already exists in this project (names are compared "
+                                 f"without case: a rule's channels name them).")
     try:
         with transaction.atomic():
             channel = NotificationChannel.objects.create(
@@ -188,9 +169,10 @@ def create_channel(*, project: Project, user: User | None, name: str, kind: str,
 def update_channel(channel: NotificationChannel, changes: dict[str, Any]) -> NotificationChannel:
     """Apply validated `changes` (name, url, emails, enabled); the kind never changes."""
     fields = [name for name in ("name", "url", "emails", "enabled") if name in changes]
-    if "name" in changes and changes["name"] != channel.name and NotificationChannel.objects.filter(
-            project_id=channel.project_id, name=changes["name"]).exclude(pk=channel.pk).exists():
-        raise FieldError("name", f"A channel named '{changes['name']}' already exists in this project.")
+    if "name" in changes and changes["name"] != channel.name and (taken := NotificationChannel.objects.filter(
+            project_id=channel.project_id, name__iexact=changes["name"]).exclude(pk=channel.pk).first()):
+        raise FieldError("name", f"A channel named '{taken.name}' already exists in this project (names are compared "
+                                 f"without case).")
     for name in fields:
         setattr(channel, name, changes[name])
     if channel.kind == NotificationChannel.Kind.WEBHOOK and "url" in fields and webhook_url_problem(channel.url):
@@ -349,12 +331,27 @@ def deliver(delivery_id: int) -> str:
         return str(Delivery.Status.FAILED)
     if channel.kind == NotificationChannel.Kind.EMAIL:
         response_status, error = _send_email(channel, delivery)
+    elif refused := _refused_address(channel):
+        # Not a try: no retry would reach it (a URL the studio does not fetch, an address it
+        # does not send to); failed at once, saying why, instead of five times over an hour.
+        return _record(delivery, None, refused, permanent=True)
     else:
         response_status, error = _post_webhook(channel, delivery)
     return _record(delivery, response_status, error)
 
 
-def _record(delivery: Delivery, response_status: int | None, error: str | None) -> str:
+def _refused_address(channel: NotificationChannel) -> str | None:
+    """Why the studio will not POST to the channel's URL, or None."""
+    if problem := webhook_url_problem(channel.url):
+        return f"{problem} Not sent; fix the channel's URL."
+    parts = urlsplit(channel.url)
+    if address := _denied_address(parts.hostname or "", parts.port):
+        return (f"{parts.hostname} resolves to {address}, which is in STUDIO_WEBHOOK_DENIED_NETWORKS: not sent; "
+                f"point the channel at another host.")
+    return None
+
+
+def _record(delivery: Delivery, response_status: int | None, error: str | None, *, permanent: bool = False) -> str:
     now = timezone.now()
     mine = Delivery.objects.filter(pk=delivery.pk, status=Delivery.Status.PENDING, attempts=delivery.attempts)
     if error is None:
@@ -362,7 +359,7 @@ def _record(delivery: Delivery, response_status: int | None, error: str | None) 
                     delivered_at=now, next_attempt_at=None, last_error="")
         return str(Delivery.Status.DELIVERED)
     attempts = delivery.attempts + 1
-    failed = attempts >= int(settings.STUDIO_WEBHOOK_ATTEMPTS)
+    failed = permanent or attempts >= int(settings.STUDIO_WEBHOOK_ATTEMPTS)
     mine.update(attempts=attempts, response_status=response_status, last_error=error,
                 status=Delivery.Status.FAILED if failed else Delivery.Status.PENDING,
                 next_attempt_at=None if failed else now + timedelta(seconds=backoff_seconds(attempts)))
@@ -386,13 +383,7 @@ def _opener() -> urllib.request.OpenerDirector:
 
 
 def _post_webhook(channel: NotificationChannel, delivery: Delivery) -> tuple[int | None, str | None]:
-    problem = webhook_url_problem(channel.url)
-    if problem:
-        return None, problem
-    parts = urlsplit(channel.url)
-    if address := _denied_address(parts.hostname or "", parts.port):
-        return None, (f"{parts.hostname} resolves to {address}, which is in STUDIO_WEBHOOK_DENIED_NETWORKS: "
-                      "not sent")
+    """The signed POST (the URL was checked by _refused_address just before)."""
     body = body_bytes(delivery.payload)
     now = int(time.time())
     headers = {

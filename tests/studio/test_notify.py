@@ -22,6 +22,7 @@ from standardwebhooks.webhooks import WebhookVerificationError
 
 from studio import notify
 from studio.embedded_redis import free_port
+from studio.errors import FieldError
 from studio.models import Delivery, NotificationChannel
 from studio.version import VERSION
 from tests.conftest import wait_for
@@ -257,11 +258,14 @@ def test_a_channel_disabled_before_its_delivery_goes_stops_it(project, receiver)
 def test_a_host_that_resolves_into_a_denied_network_is_not_sent_to(project, receiver):
     # The name passes when saved; each try resolves it and refuses a denied address (a name
     # can be pointed at the metadata service after the channel was saved).
+    # No retry would reach it: failed at once, saying why (it was retried 5 times over an hour).
     channel, _ = webhook(project, receiver.url.replace("127.0.0.1", "localhost"))
     [delivery_id] = notify.notify(project.pk, "e", {})
-    assert notify.deliver(delivery_id) == "pending"
-    error = Delivery.objects.get(pk=delivery_id).last_error
+    assert notify.deliver(delivery_id) == "failed"
+    delivery = Delivery.objects.get(pk=delivery_id)
+    error = delivery.last_error
     assert "localhost resolves to" in error and "STUDIO_WEBHOOK_DENIED_NETWORKS" in error, error
+    assert delivery.attempts == 1 and delivery.next_attempt_at is None
     assert receiver.requests == []
     with override_settings(STUDIO_WEBHOOK_DENIED_NETWORKS=[]):
         [allowed_id] = notify.notify(project.pk, "e", {})
@@ -275,8 +279,54 @@ def test_a_row_that_is_not_http_is_never_fetched(project):
     channel, _ = webhook(project, "http://example.invalid/")
     NotificationChannel.objects.filter(pk=channel.pk).update(url="file:///etc/passwd")
     [delivery_id] = notify.notify(project.pk, "e", {})
-    assert notify.deliver(delivery_id) == "pending"
+    assert notify.deliver(delivery_id) == "failed", "no retry fetches it either"
     assert "http" in Delivery.objects.get(pk=delivery_id).last_error
+
+
+@pytest.mark.parametrize("host", ["2852039166", "0xa9fea9fe", "0251.0376.0251.0376", "169.254.43518", "0xA9.254.169.254"])
+def test_a_denied_address_written_as_a_number_is_refused_when_saved(project, host):
+    """Seen in a walk: http://2852039166/ (169.254.169.254, the metadata service, as one
+    number) was accepted, then refused at each of five tries over an hour."""
+    problem = notify.webhook_url_problem(f"http://{host}/latest/meta-data/")
+    assert problem is not None and "169.254.169.254" in problem and "STUDIO_WEBHOOK_DENIED_NETWORKS" in problem, problem
+    channel, _ = webhook(project, "http://hooks.example.com/x")
+    with pytest.raises(FieldError) as refused:
+        notify.update_channel(channel, {"url": f"http://{host}/"})
+    assert refused.value.field == "url" and "169.254.169.254" in str(refused.value), vars(refused.value)
+
+
+def test_numbers_outside_the_denied_networks_and_names_that_look_numeric_pass():
+    assert notify.ipv4_literal("2130706433") == "127.0.0.1"
+    assert notify.webhook_url_problem("http://2130706433:9/x") is None, "loopback is not denied by default"
+    assert notify.ipv4_literal("10.0.0.5") == "10.0.0.5" and notify.ipv4_literal("hooks.example.com") is None
+    assert notify.ipv4_literal("123.example") is None and notify.ipv4_literal("1.2.3.4.5") is None
+    assert notify.webhook_url_problem("http://169.254.169.254.nip.io/") is None, "a name: checked when resolved"
+
+
+def test_channel_names_are_unique_without_case(project):
+    webhook(project, "http://hooks.example.com/a", name="Ops")
+    with pytest.raises(FieldError, match="'Ops' already exists"):
+        webhook(project, "http://hooks.example.com/b", name="ops")
+    other, _ = webhook(project, "http://hooks.example.com/c", name="pager")
+    with pytest.raises(FieldError, match="'Ops' already exists"):
+        notify.update_channel(other, {"name": "OPS"})
+    notify.update_channel(other, {"name": "Pager"})  # its own name in another case is fine
+    assert sorted(NotificationChannel.objects.filter(project=project).values_list("name", flat=True)) == ["Ops", "Pager"]
+
+
+def test_verify_needs_no_django():
+    """A receiver checks a delivery with trainyard.webhooks.verify, which imports no Django
+    (studio.notify.verify needed settings configured and django.setup())."""
+    import subprocess
+    import sys
+
+    code = ("import sys, time; from trainyard.webhooks import sign, verify; now = int(time.time()); "
+            "assert verify('s', b'{}', sign('s', b'{}', now)); assert not verify('t', b'{}', sign('s', b'{}', now)); "
+            "assert not any(m == 'django' or m.startswith('django.') for m in sys.modules), 'django imported'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"},
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert notify.verify is __import__("trainyard.webhooks", fromlist=["verify"]).verify
 
 
 # --- e-mail ---------------------------------------------------------------------------------------
@@ -455,3 +505,13 @@ def test_test_action_and_the_deliveries_list(owner, client_for, receiver, django
     assert newest["id"] > page["results"][1]["id"]
     assert {"id", "event", "status", "attempts", "last_error", "response_status", "created_at", "delivered_at"} <= set(newest)
     assert newest["status"] == "delivered" and newest["response_status"] == 200 and newest["attempts"] == 1
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"name": "w", "kind": "webhook", "url": "https://hooks.example.com/x", "emails": ["a@example.com"]}, "emails"),
+    ({"name": "e", "kind": "email", "emails": ["a@example.com"], "url": "https://hooks.example.com/x"}, "url")])
+def test_a_channel_given_the_other_kinds_field_is_a_400_naming_it(owner, client_for, body, field):
+    """It was silently dropped at creation (and a PATCH refused the same field)."""
+    response = client_for(owner).post(BASE, body, format="json")
+    assert response.status_code == 400 and set(response.json()["error"]["fields"]) == {field}, response.json()
+    assert not NotificationChannel.objects.exists()
