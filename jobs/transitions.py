@@ -33,6 +33,7 @@ def transition(job_id: int, to_status: str, *, from_statuses: Iterable[str] | No
     if to_status in FINISHED_STATUSES:
         updates.setdefault("finished_at", now)
         updates.setdefault("lease_expires_at", None)
+        updates.setdefault("waiting_reason", "")  # a finished job waits for nothing (a stopped Pending one said it did)
     with transaction.atomic():
         changed = TrainingJob.objects.filter(pk=job_id, status__in=allowed).update(**updates)
         if not changed:

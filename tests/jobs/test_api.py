@@ -168,9 +168,11 @@ def test_viewer_cannot_submit_and_outsider_cannot_see(owner, viewer, outsider, c
 def test_stopping_a_pending_job_stops_it_at_once(owner, client_for, ready_version):
     client = client_for(owner)
     job_id = submit(client, job_body(ready_version.pk)).json()["id"]
+    TrainingJob.objects.filter(pk=job_id).update(waiting_reason="no node of type cpu is free (2 busy)")
     response = client.post(f"/api/v1/jobs/{job_id}/stop/")
     assert response.status_code == 202
     assert response.json()["status"] == "Stopped"
+    assert response.json()["waiting_reason"] == "", "a stopped job waits for nothing"
     assert [e["status"] for e in response.json()["timeline"]] == ["Pending", "Stopped"]
     again = client.post(f"/api/v1/jobs/{job_id}/stop/")
     assert again.status_code == 409
