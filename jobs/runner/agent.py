@@ -26,7 +26,7 @@ from pathlib import Path
 
 import psutil
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError, close_old_connections, transaction
 from django.utils import timezone
 
 from datasets.storage import StorageError, join_uri, object_uri
@@ -101,8 +101,12 @@ def claim_launch(job_id: int, attempt: int, node_rank: int) -> Claim | None:
     # later attempt or a stopped job all match no row (and SQLite never has to upgrade a
     # read transaction to a write, which fails under contention).
     # Starting, or Training already: node 0 may have launched before a slower node claims.
+    # Stopping too: a stop asked for between placement and this claim (a tuning job's pruner
+    # 17 ms after a trial started) is carried out here at once — refused, nobody ended the
+    # job, which waited in Stopping, billed, until its lease ran out (120 s).
     claimed = (JobAttempt.objects.filter(job_id=job_id, attempt=attempt, node_rank=node_rank, outcome="",
-                                         job__status__in=[JobStatus.STARTING, JobStatus.TRAINING], job__attempt=attempt)
+                                         job__status__in=[JobStatus.STARTING, JobStatus.TRAINING, JobStatus.STOPPING],
+                                         job__attempt=attempt)
                .update(outcome="running", started_at=timezone.now()))
     if not claimed:
         return None
@@ -191,6 +195,8 @@ class NodeRun:
 
     def _execute(self) -> str:
         started = time.monotonic()
+        if self._status() == JobStatus.STOPPING:  # asked to stop before this node claimed: stage nothing
+            return self._stopped_before_launch()
         try:
             spec, env = self.prepare()
         except StagingError as exc:
@@ -712,10 +718,26 @@ class NodeRun:
     def _stopped_before_launch(self) -> str:
         status = self._status()
         if status == JobStatus.STOPPING and self.is_leader:
+            self._close_unclaimed_launches()
             transition(self.job_id, JobStatus.STOPPED, from_statuses=[JobStatus.STOPPING],
                        message="stopped before its processes started")
             return "stopped"
         return "aborted"
+
+    def _close_unclaimed_launches(self) -> None:
+        """The gang's launches no node claimed yet end with this one (billed from their
+        placement): once the job is Stopped a late claim is refused, and no lease sweep
+        looks at a finished job, so their nodes would stay reserved for it."""
+        with transaction.atomic():
+            unclaimed = list(JobAttempt.objects.select_for_update().filter(
+                job_id=self.job_id, attempt=self.attempt, outcome="").exclude(node_rank=self.node_rank)
+                .values_list("pk", "node_id"))
+            if not unclaimed:
+                return
+            JobAttempt.objects.filter(pk__in=[pk for pk, _ in unclaimed]).update(finished_at=timezone.now(),
+                                                                                 outcome="stopped")
+            Node.objects.filter(pk__in=[node for _, node in unclaimed if node], current_job_id=self.job_id,
+                                state=NodeState.BUSY).update(state=NodeState.IDLE, current_job=None)
 
     def _wait_for_other_nodes(self) -> None:
         """Before the final status, give the other nodes of the gang time to end and upload

@@ -154,3 +154,47 @@ def test_a_redelivered_or_stale_launch_is_a_no_op(make_job):
     assert run_node(job.pk, 1, 0) == "skipped"
     assert run_node(job.pk, 2, 0) == "skipped"
     assert _reload(job).status == JobStatus.STARTING
+
+
+def test_a_job_stopped_between_placement_and_its_claim_ends_stopped_at_once(make_job):
+    """Seen once in a walk: a tuning job's pruner stopped a trial 17 ms after it went
+    Starting; the node's claim refused a Stopping job, nobody ended it, and it stayed
+    Stopping — billed — for 120 s, until its lease ran out."""
+    from jobs.actions import stop_job
+    from jobs.runner.agent import run_node
+
+    node = _node()
+    job = _job(make_job)
+    schedule_jobs()
+    assert _reload(job).status == JobStatus.STARTING
+    stop_job(_reload(job), reason="EarlyStopped")
+    assert _reload(job).status == JobStatus.STOPPING
+
+    assert run_node(job.pk, 1, 0) == "stopped"
+    job = _reload(job)
+    assert (job.status, job.stop_reason) == (JobStatus.STOPPED, "EarlyStopped")
+    launch = JobAttempt.objects.get(job=job, attempt=1, node_rank=0)
+    assert launch.finished_at is not None and launch.outcome == "stopped" and launch.billable_seconds is not None
+    assert launch.billable_seconds < 5, launch.billable_seconds
+    node.refresh_from_db()
+    assert node.state == NodeState.IDLE and node.current_job is None
+    assert run_node(job.pk, 1, 0) == "skipped", "a redelivered task still finds nothing to do"
+
+
+def test_a_gang_stopped_before_its_claims_frees_every_node(make_job):
+    from jobs.actions import stop_job
+    from jobs.runner.agent import run_node
+
+    nodes = [_node(), _node()]
+    gang = _job(make_job, nodes=2)
+    assert schedule_jobs() == [gang.pk]
+    stop_job(_reload(gang))
+    assert run_node(gang.pk, 1, 0) == "stopped"
+    assert _reload(gang).status == JobStatus.STOPPED
+    assert run_node(gang.pk, 1, 1) == "skipped", "node 1's late task: the job has ended"
+    for node in nodes:
+        node.refresh_from_db()
+        assert node.state == NodeState.IDLE and node.current_job is None, node.name
+    launches = JobAttempt.objects.filter(job=gang, attempt=1).order_by("node_rank")
+    assert [(a.outcome, a.finished_at is not None, a.billable_seconds is not None) for a in launches] == [
+        ("stopped", True, True), ("stopped", True, True)]
