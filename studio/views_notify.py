@@ -19,6 +19,9 @@ from studio.models import Delivery, NotificationChannel, Project
 from studio.views import page
 
 RECENT_DELIVERIES = 20
+# A new or rotated webhook secret waits here for the one page view after the redirect that
+# shows it (Post/Redirect/Get): a reload neither re-posts the form nor shows the secret again.
+SESSION_NEW_SECRET_KEY = "notify_new_secret"
 
 
 class ChannelForm(ActionFormMixin, forms.Form):
@@ -70,10 +73,22 @@ class ChannelForm(ActionFormMixin, forms.Form):
         return data
 
 
-def _render(request: HttpRequest, project: Project, form: ChannelForm | None, *, new_secret: str = "",
-            secret_for: NotificationChannel | None = None, status: int = 200) -> HttpResponse:
+def _show_secret_once(request: HttpRequest, channel: NotificationChannel, secret: str) -> HttpResponse:
+    if secret:  # an e-mail channel has none
+        request.session[SESSION_NEW_SECRET_KEY] = {"project": channel.project_id, "channel": channel.pk, "secret": secret}
+    return redirect("notification-channels", slug=channel.project.slug)
+
+
+def _render(request: HttpRequest, project: Project, form: ChannelForm | None, *, status: int = 200) -> HttpResponse:
     admin = role_allows(project.role_of(request.user), admin=True)
     channels = list(NotificationChannel.objects.filter(project=project).order_by("name"))
+    new_secret, secret_for = "", None
+    pending = request.session.get(SESSION_NEW_SECRET_KEY)
+    # Taken from the session only on its own project's page, by an admin: it is shown once.
+    if admin and isinstance(pending, dict) and pending.get("project") == project.pk:
+        del request.session[SESSION_NEW_SECRET_KEY]
+        secret_for = next((c for c in channels if c.pk == pending.get("channel")), None)
+        new_secret = str(pending.get("secret") or "") if secret_for is not None else ""
     deliveries = (Delivery.objects.filter(channel__project=project).select_related("channel")
                   .order_by("-created_at", "-pk")[:RECENT_DELIVERIES]) if admin else []
     return render(request, "studio/notification_channels.html", {
@@ -98,7 +113,7 @@ def channel_list(request: HttpRequest, slug: str) -> HttpResponse:
         if created is not None:
             channel, secret = created
             messages.success(request, f"Channel “{channel.name}” added.")
-            return _render(request, project, ChannelForm(), new_secret=secret, secret_for=channel)
+            return _show_secret_once(request, channel, secret)
     return _render(request, project, form, status=400)
 
 
@@ -146,4 +161,4 @@ def channel_rotate(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
         messages.error(request, "An e-mail channel has no signing secret.")
         return redirect("notification-channels", slug=slug)
     secret = notify.rotate_secret(channel)
-    return _render(request, channel.project, ChannelForm(), new_secret=secret, secret_for=channel)
+    return _show_secret_once(request, channel, secret)

@@ -9,6 +9,7 @@ from urllib.parse import urlencode
 from django.test import Client
 
 from studio import notify
+from studio.actions import set_membership
 from studio.models import Delivery, NotificationChannel
 
 URL = "/projects/acme/notifications/"
@@ -32,17 +33,39 @@ def test_an_admin_adds_a_webhook_and_sees_its_secret_once(owner):
     assert 'id="channel-form"' in html and "csrfmiddlewaretoken" in html and "No channels yet" in html
 
     response = form_post(client, URL, {"name": "on-call", "kind": "webhook", "url": "https://hooks.example.com/ty"})
-    assert response.status_code == 200
+    assert response.status_code == 302 and response["Location"] == URL  # Post/Redirect/Get: a reload re-posts nothing
     channel = NotificationChannel.objects.get(name="on-call")
-    assert channel.secret and channel.secret in response.content.decode()
-    assert notify.standard_webhooks_secret(channel.secret) in response.content.decode()
-    again = client.get(URL).content.decode()
+    assert channel.secret and channel.secret not in response.content.decode()
+    shown = client.get(URL).content.decode()
+    assert channel.secret in shown and notify.standard_webhooks_secret(channel.secret) in shown
+    assert "Channel “on-call” added." in shown
+    again = client.get(URL).content.decode()  # shown exactly once
     assert channel.secret not in again and "https://hooks.example.com/ty" in again
 
     rotated = form_post(client, f"{URL}{channel.pk}/rotate-secret/")
+    assert rotated.status_code == 302 and rotated["Location"] == URL
     channel.refresh_from_db()
-    assert channel.secret in rotated.content.decode()
-    assert notify.standard_webhooks_secret(channel.secret) in rotated.content.decode()
+    shown = client.get(URL).content.decode()
+    assert channel.secret in shown and notify.standard_webhooks_secret(channel.secret) in shown
+    assert channel.secret not in client.get(URL).content.decode()
+
+
+def test_a_new_secret_is_not_shown_on_another_projects_page(project, other_project, owner):
+    set_membership(project=other_project, user=owner, role="admin")
+    client = login(owner)
+    form_post(client, URL, {"name": "on-call", "kind": "webhook", "url": "https://hooks.example.com/ty"})
+    secret = NotificationChannel.objects.get(name="on-call").secret
+    assert secret not in client.get(f"/projects/{other_project.slug}/notifications/").content.decode()
+    assert secret in client.get(URL).content.decode()  # still waiting for its own page
+
+
+def test_a_refused_channel_keeps_what_was_typed(owner):
+    client = login(owner)
+    bad = form_post(client, URL, {"name": "typed <name>", "kind": "webhook", "url": "javascript:alert(1)"})
+    assert bad.status_code == 400
+    html = bad.content.decode()
+    assert "Use an http:// or https:// URL." in html and 'value="typed &lt;name&gt;"' in html
+    assert 'value="javascript:alert(1)"' in html
 
 
 def test_an_admin_adds_an_email_list_and_bad_input_is_shown_on_its_field(owner):
@@ -52,7 +75,7 @@ def test_an_admin_adds_an_email_list_and_bad_input_is_shown_on_its_field(owner):
     assert form_post(client, URL, {"name": "x", "kind": "email", "emails": "nope"}).status_code == 400
     assert form_post(client, URL, {"name": "x", "kind": "email", "emails": ""}).status_code == 400
     ok = form_post(client, URL, {"name": "team", "kind": "email", "emails": "a@example.com, b@example.com\nc@example.com"})
-    assert ok.status_code == 200
+    assert ok.status_code == 302
     assert NotificationChannel.objects.get(name="team").emails == ["a@example.com", "b@example.com", "c@example.com"]
     taken = form_post(client, URL, {"name": "team", "kind": "email", "emails": "d@example.com"})
     assert taken.status_code == 400 and "already exists" in taken.content.decode()
@@ -108,7 +131,7 @@ def test_the_forms_need_their_csrf_token(owner):
     token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', html)
     assert token is not None
     data = {"csrfmiddlewaretoken": token.group(1), "name": "x", "kind": "email", "emails": "a@example.com"}
-    assert form_post(client, URL, data).status_code == 200
+    assert form_post(client, URL, data).status_code == 302
     assert NotificationChannel.objects.filter(name="x").exists()
 
 
