@@ -1,11 +1,12 @@
 """The Alarms page: every rule in ALARM across the projects the viewer reads (the project
 switcher narrows it), newest first, with what fired and when; `?state=` shows the rules in
 another state (OK, INSUFFICIENT_DATA) and `?finished=true` (as the API; `?all=1` too) includes
-finished jobs. A bad value is a 400 that says so above the list (shown for the defaults)."""
+finished jobs. A bad value is a 400 that says so above the list (shown for the defaults);
+`?project=` naming no project the viewer reads is a 404, as the API's `?project=` is."""
 
 from __future__ import annotations
 
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from jobs.models import FINISHED_STATUSES, AlarmTransition, JobRule, RuleState
@@ -30,6 +31,11 @@ def alarms(request: HttpRequest) -> HttpResponse:
         errors["finished"] = f"finished is true or false, not {finished[:50]!r}. Shown below: running jobs only."
     include_finished = finished in ("true", "1") or request.GET.get("all") == "1"
     project = current_project(request)
+    # The switcher's choice is kept only for a project the viewer reads (studio.views): a
+    # slug it dropped would otherwise list every project's alarms as if it were the one asked for.
+    asked = request.GET.get("project", "")
+    if asked and (project is None or project.slug != asked):
+        raise Http404(f"No project {asked[:100]!r} among the projects you can read.")
     projects = Project.objects.readable_by(request.user)
     rules = JobRule.objects.filter(job__project__in=projects, state=state, enabled=True)
     if project is not None:
