@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from django.db.models import Prefetch
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.request import Request
@@ -15,6 +14,7 @@ from jobs.access import get_job_for_user
 from jobs.models import JobEvent, JobInput, JobRule, JobStatus, TrainingJob
 from jobs.scripts import store_script
 from jobs.serializers import JobCreateSerializer, JobSerializer, JobSummarySerializer
+from jobs.serializers_responses import AlgorithmListSerializer, StoredScriptSerializer
 from studio.access import get_project_for_user
 from studio.api import ApiError, PaginatedAPIView, id_param, paginate, project_for_write
 from studio.deletion import ARCHIVED_PARAMETER, destroy_schema, wants_archived
@@ -102,7 +102,7 @@ class JobStopView(APIView):
 
 
 class AlgorithmListView(APIView):
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(responses=AlgorithmListSerializer)
     def get(self, request: Request) -> Response:
         from algorithms import ALGORITHMS
 
@@ -116,7 +116,7 @@ class ScriptUploadView(APIView):
     @extend_schema(
         request={"multipart/form-data": {"type": "object", "properties": {"project": {"type": "string"},
                                                                         "file": {"type": "string", "format": "binary"}}}},
-        responses={201: OpenApiTypes.OBJECT},
+        responses={201: StoredScriptSerializer},
     )
     def post(self, request: Request) -> Response:
         slug = request.data.get("project") or ""

@@ -19,7 +19,6 @@ from django.db import connection
 from django.db.models import Count, Max, Min
 from django.http import HttpResponse, StreamingHttpResponse
 from django.utils.dateparse import parse_datetime
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
@@ -32,6 +31,7 @@ from jobs.metrics import logs as log_pages
 from jobs.metrics.downsample import DEFAULT_POINTS, MAX_POINTS, read_series
 from jobs.metrics.live import current_positions, decode_positions, event_stream, has_news
 from jobs.models import MetricPoint, SystemMetric, TrainingJob
+from jobs.serializers_responses import METRICS_RESPONSE, JobLogPageSerializer, SystemMetricsSerializer
 from studio.api import ApiError
 from studio.redis_conn import redis_client
 from studio.schema import sse_event_schema
@@ -110,7 +110,9 @@ class JobMetricsView(APIView):
             OpenApiParameter("cursor", int, description="raw=1: the next_cursor of the previous page."),
             OpenApiParameter("limit", int, description=f"raw=1: points per page (default {RAW_DEFAULT_LIMIT}, max {RAW_MAX_LIMIT})."),
         ],
-        responses=OpenApiTypes.OBJECT,
+        responses=METRICS_RESPONSE,
+        description="Without name: the list of series. With name: one rank's series downsampled, every rank's "
+                    "(rank=all), or one rank's raw points a page at a time (raw=1).",
     )
     def get(self, request: Request, pk: int) -> Response:
         job = get_job_for_user(request.user, pk)
@@ -152,7 +154,7 @@ class JobMetricsView(APIView):
 
 class JobSystemMetricsView(APIView):
     @extend_schema(parameters=[OpenApiParameter("since", str, description="Only samples after this ISO time.")],
-                   responses=OpenApiTypes.OBJECT)
+                   responses=SystemMetricsSerializer)
     def get(self, request: Request, pk: int) -> Response:
         job = get_job_for_user(request.user, pk)
         samples = SystemMetric.objects.filter(job=job)
@@ -184,7 +186,8 @@ class JobLogsView(APIView):
                              "stream id (a live view's starting point: its history and its live lines then meet exactly); "
                              "the file's when the stream has none of them."),
         ],
-        responses=OpenApiTypes.OBJECT,
+        responses={200: JobLogPageSerializer,
+                   502: OpenApiResponse(description="The log file is in the object store but could not be read.")},
     )
     def get(self, request: Request, pk: int) -> Response:
         job = get_job_for_user(request.user, pk)
