@@ -8,8 +8,10 @@ from decimal import InvalidOperation
 from typing import Any
 
 from django import template
+from django.utils import timezone
 
 from jobs import cost
+from jobs.models import JobStatus
 
 register = template.Library()
 
@@ -38,10 +40,31 @@ def price(value: Any) -> str:
 
 @register.inclusion_tag("jobs/_cost.html")
 def job_cost_panel(job) -> dict[str, Any]:
-    figures = cost.job_cost(job)
+    figures = cost.job_cost(job, now=timezone.now())
     projected = figures["projected_cost"]
-    return {"job": job, "figures": figures, "finished": job.is_finished(),
+    return {"job": job, "figures": figures, "finished": job.is_finished(), "accrual": _accrual(job, figures),
             "projected_display": str(cost.to_cents(cost.Decimal(projected))) if projected is not None else None}
+
+
+def _accrual(job, figures: dict[str, Any]) -> dict[str, Any] | None:
+    """How the running attempt's figures grow per second from these, for job_detail.js to
+    count on between the page's reads: the live regions are re-read only when the status
+    changes, so a Training job's cost stood still for as long as it trained. From the figures
+    already computed, so no query of its own."""
+    if job.is_finished():
+        return None
+    running = [a for a in figures["attempts"] if a["running"]]
+    if not running:
+        return None
+    current = running[-1]
+    price = cost.Decimal(current["price_per_hour"] or 0)
+    return {
+        "attempt": current["attempt"],
+        "nodes": current["nodes"],
+        "cost_per_second": str(price * current["nodes"] / 3600),
+        # Training time counts only while the job trains (Starting is billable, not training).
+        "training_nodes": current["nodes"] if job.status == JobStatus.TRAINING and job.training_started_at else 0,
+    }
 
 
 @register.inclusion_tag("jobs/_tuning_cost.html")

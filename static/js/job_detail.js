@@ -369,10 +369,45 @@
     });
   }
 
+  // --- cost, counted on --------------------------------------------------------------------------
+  // The regions are re-read only when the status changes, so while a job trained its cost
+  // stood still. A running attempt's panel carries how its figures grow per second
+  // (jobs.templatetags.job_cost): they are counted on here each second from when this copy of
+  // the panel arrived (the browser's clock measures, so no skew with the server's), with no
+  // request; a status change brings a fresh panel and the count starts again from its figures.
+  function durationWords(seconds) {  // as jobs.cost.duration_words
+    seconds = Math.max(0, seconds);
+    if (seconds < 60) return seconds.toFixed(1) + " s";
+    var whole = Math.round(seconds), hours = Math.floor(whole / 3600), minutes = Math.floor((whole % 3600) / 60);
+    var pad = function (n) { return (n < 10 ? "0" : "") + n; };
+    return hours ? hours + " h " + pad(minutes) + " min" : minutes + " min " + pad(whole % 60) + " s";
+  }
+
+  function countCost() {
+    var panel = document.querySelector("#cost-panel[data-accrual]");
+    if (!panel || live.finished) return;
+    if (!panel.countedFrom) panel.countedFrom = Date.now();
+    var elapsed = (Date.now() - panel.countedFrom) / 1000;
+    var perSecond = { cost: Number(panel.getAttribute("data-cost-per-second")) || 0,
+                      billable: Number(panel.getAttribute("data-billable-nodes")) || 0,
+                      training: Number(panel.getAttribute("data-training-nodes")) || 0 };
+    panel.querySelectorAll("[data-grows]").forEach(function (figure) {
+      var kind = figure.getAttribute("data-grows");
+      var value = Number(figure.getAttribute("data-value")) + perSecond[kind] * elapsed;
+      if (isNaN(value)) return;
+      // The figure leads the element's first text ("3.50 USD", then "so far" in a span of its own).
+      var text = figure.firstChild;
+      if (!text || text.nodeType !== Node.TEXT_NODE) return;
+      text.nodeValue = kind === "cost" ? text.nodeValue.replace(/^[0-9.]+/, value.toFixed(2)) : durationWords(value);
+    });
+  }
+  countCost();
+  window.setInterval(countCost, 1000);
+
   // --- status, stop -----------------------------------------------------------------------------
   // Re-read the page and swap the regions that depend on the status (header, status area,
   // side panels) on each status change.
-  var refreshRegions = shared.regionRefresher(live.urls.page, function () { Object.keys(charts).forEach(applyMarks); });
+  var refreshRegions = shared.regionRefresher(live.urls.page, function () { Object.keys(charts).forEach(applyMarks); countCost(); });
 
   function onStatus(payload) {
     // A rule's alarm (or its clearing) is a timeline note: the Rules panel and the chart marks change.
