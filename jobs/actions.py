@@ -94,7 +94,9 @@ def check_algorithm(name: str, hyperparameters: dict, inputs: list[ResolvedInput
             and not hyperparameters.get("text_column"):
         hyperparameters = {**hyperparameters, "text_column": train.text_column}  # as given at upload
     clean, errors = validate_hyperparameters(spec, hyperparameters)
-    fields = {f"hyperparameters.{k}": v for k, v in errors.items()}
+    # The path names the hyperparameter; its message's own "<name>: " would say it twice
+    # ("hyperparameters.epochs: epochs: must be ≥ 1").
+    fields = {f"hyperparameters.{k}": v.removeprefix(f"{k}: ") for k, v in errors.items()}
     # Each channel the algorithm reads must hold data it can use (format, labels, columns):
     # refused here, naming the channel, rather than failing seconds after the job starts.
     read = (*spec.required_channels, *spec.optional_channels)

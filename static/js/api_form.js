@@ -145,16 +145,18 @@
   function showErrors(form, topError, error, fields, options) {
     options = options || {};
     var unplaced = [];
-    var placed = 0;
+    var placedFields = [];  // several paths can land on one field (two bad tags): it counts once
     Object.keys(fields).forEach(function (path) {
       var field = fieldFor(form, path);
       var slot = field && field.querySelector(":scope > .field-error");
-      if (!slot) { unplaced.push((path ? path + ": " : "") + fields[path].join(" ")); return; }
-      placed += 1;
+      // An item of a list, flattened as "tags.2", reads as the API writes it: "tags[2]".
+      var shownPath = path.replace(/\.(\d+)(?=\.|$)/g, "[$1]");
+      if (!slot) { unplaced.push((path ? shownPath + ": " : "") + fields[path].join(" ")); return; }
+      if (placedFields.indexOf(field) === -1) placedFields.push(field);
       field.classList.add("has-error");
       var detail = fields[path].join(" ");
       // Placed on a list's field for one of its items: say which item and part is wrong.
-      if (path.indexOf("[") !== -1 && field.getAttribute("data-field") !== path) detail = path + ": " + detail;
+      if (shownPath.indexOf("[") !== -1 && field.getAttribute("data-field") !== path) detail = shownPath + ": " + detail;
       if (options.detail) detail = options.detail(field, path, detail);
       slot.textContent = (slot.textContent ? slot.textContent + " " : "") + detail;
       slot.hidden = false;
@@ -162,6 +164,7 @@
       if (details) details.open = true;
     });
     var message = error.message || options.refused || "The form was refused.";
+    var placed = placedFields.length;
     if ((error.code === "invalid" || !error.code) && placed && !unplaced.length) {
       message = placed === 1 ? "Fix the highlighted field and submit again." : "Fix the " + placed + " highlighted fields and submit again.";
     }

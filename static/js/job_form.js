@@ -16,7 +16,13 @@
   var scriptSummary = el("script-summary");
   var submit = el("job-submit");
   var typed = {};  // hyperparameter values the user typed, kept when they switch algorithms and back
-  var ERRORS = { refused: "The job was refused." };
+  // A tag's error names the tag as typed, beside its place in the list: "tags[2] 'x y': …".
+  var ERRORS = { refused: "The job was refused.", detail: function (field, path, detail) {
+    var item = /^tags\.(\d+)$/.exec(path);
+    if (!item) return detail;
+    var typed = form.elements.tags.value.split(",").map(function (t) { return t.trim(); }).filter(Boolean)[Number(item[1])];
+    return typed === undefined ? detail : detail.replace(/^tags\[\d+\]/, "$& '" + typed + "'");
+  } };
   var script = clone && clone.script ? { uri: clone.script.uri, entry_point: clone.script.entry_point } : null;
 
   function mode() { return form.querySelector('input[name="run_mode"]:checked').value; }
@@ -389,7 +395,7 @@
   }
 
   form.addEventListener("submit", api.submitter(form, topError, {
-    build: buildBody, button: submit, opening: "Submitted; opening the job…", pageBase: data.job_url_base, refused: ERRORS.refused,
+    build: buildBody, button: submit, opening: "Submitted; opening the job…", pageBase: data.job_url_base, refused: ERRORS.refused, detail: ERRORS.detail,
   }));
   form.elements.algorithm.addEventListener("change", function () {
     api.clearErrors(form, topError); renderHyperparameters(); renderChannels(true); limitDistributions();

@@ -185,3 +185,12 @@ def test_the_check_is_plain_data_in_and_a_sentence_out():
     assert "iris v3 has no label column" in data_problem(tabular, "train", facts, {"label_column": ""})
     assert data_problem(tabular, "train", facts, {"label_column": "kind"}) is None
     assert data_problem(ALGORITHMS["char-lm"], "train", facts, {}) == "iris v3 is CSV; char-lm reads plain text."
+
+
+def test_a_bad_hyperparameter_is_named_once(client_for, owner, project):
+    response = client_for(owner).post("/api/v1/jobs/", {"project": project.slug, "name": "x", "algorithm": "tabular-classifier",
+                                                        "hyperparameters": {"epochs": 0}}, format="json")
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["fields"]["hyperparameters.epochs"] == ["must be ≥ 1, got 0"]
+    assert "epochs: epochs" not in error["message"]
