@@ -89,14 +89,14 @@ def record_many(changes: Sequence[tuple[JobRule, Sequence[Transition]]]) -> list
     """record() for several rules at once — what one watcher cycle caused, in one
     transaction: one INSERT of every transition and one UPDATE of the rules' states. Then
     each transition's actions, in order."""
-    changes = [(rule, list(transitions)) for rule, transitions in changes if transitions]
-    if not changes:
+    listed = [(rule, list(transitions)) for rule, transitions in changes if transitions]
+    if not listed:
         return []
     from jobs.rules.actions import take_actions
 
     now = timezone.now()
     with transaction.atomic():
-        changes = _still_current(changes)
+        changes = _still_current(listed)
         if not changes:
             return []
         reached = _steps_reached(changes)

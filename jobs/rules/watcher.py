@@ -148,7 +148,7 @@ class RuleWatcher:
         self._grouped: set[int] = set()
         self._last_discover = 0.0
         self._last_tick = 0.0
-        self._rules_seen: bytes | None = None
+        self._rules_seen: Any = None  # the counter as Redis gave it
         self._leader = False
         self._recovering = True
         self.points_seen = 0  # points handed to rules
