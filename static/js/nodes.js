@@ -18,8 +18,11 @@
       legend: { orientation: "h", x: 0, y: 1.0, yanchor: "bottom", font: { size: 11 } },
       font: { family: getComputedStyle(document.documentElement).getPropertyValue("--font").trim() || "system-ui, sans-serif",
               size: 12, color: "#4a5565" },
+      // The y labels are centred on their lines, so "0 %" hangs below the x-axis: invisible
+      // outside ticks push the time labels clear of it, automargin keeps the date line in.
       xaxis: { type: "date", gridcolor: "#eef0f3", zeroline: false, nticks: 6, tickangle: 0,
-               hoverformat: "%b %-d, %H:%M:%S" },
+               hoverformat: "%b %-d, %H:%M:%S", automargin: true, ticks: "outside", ticklen: 8,
+               tickcolor: "rgba(0,0,0,0)" },
       yaxis: Object.assign({ gridcolor: "#eef0f3", zeroline: false, automargin: true, rangemode: "tozero" }, yaxis),
       paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)", hovermode: "closest",
     };
