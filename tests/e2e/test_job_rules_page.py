@@ -371,3 +371,33 @@ def test_the_spend_pages_csv_button_downloads_the_months_launches(live_server, s
     rows = list(csv.DictReader(io.StringIO(Path(got.path()).read_text(encoding="utf-8"))))
     assert [(r["job_name"], r["instance_type"], r["currency"]) for r in rows] == [("billed", "cpu", "USD")]
     assert not page.console_errors, page.console_errors
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_the_add_a_rule_form_picks_notifys_states_and_channels(live_server, scientist, project, browser_page, width):
+    """The form said "Actions on ALARM" while notify sent every transition, and offered no
+    channel: a user ticks notify, leaves OK out, picks a channel, and the rule says so."""
+    page = browser_page
+    page.set_viewport_size({"width": width, "height": 900})
+    page.add_init_script(FAKE_STREAM_JS)
+    actions.set_membership(project=project, user=scientist, role=Role.ADMIN)
+    NotificationChannel.objects.create(project=project, name="ops", kind="webhook", url="http://hooks.example.com/x")
+    NotificationChannel.objects.create(project=project, name="pager", kind="email", emails=["a@example.com"])
+    job = running_job(project, scientist)
+    sign_in(page, live_server.url)
+    page.goto(f"{live_server.url}/jobs/{job.pk}/")
+    page.locator("#rule-add summary").click()
+    form = page.locator("#rule-add")
+    assert "Actions on ALARM" not in form.inner_text()
+    assert page.is_checked("#rule-add input[name=notify_on][value=ALARM]")
+    assert not page.is_checked("#rule-add input[name=notify_on][value=INSUFFICIENT_DATA]")
+    page.fill("#rule-name", "quiet")
+    page.check("#rule-notify")
+    page.uncheck("#rule-add input[name=notify_on][value=OK]")
+    page.check("#rule-add input[name=channels][value=ops]")
+    no_sideways_scroll(page)
+    page.screenshot(path=str(SCREENSHOTS / f"rule-form-notify-{width}.png"), full_page=True)
+    page.click("#rule-add button[type=submit]")
+    page.locator("#rules-panel [data-rule='quiet']").wait_for()
+    assert JobRule.objects.get(job=job, name="quiet").actions == [{"type": "notify", "channels": ["ops"], "on": ["ALARM"]}]
+    assert "notify ops on ALARM" in page.locator("#rules-panel [data-rule='quiet']").inner_text()
