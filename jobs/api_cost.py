@@ -23,6 +23,9 @@ PRICE_HELP = "≥ 0 and at most {max}, up to 6 decimal places."
 
 
 # --- serializers ----------------------------------------------------------------------------------
+# Named SourceEnum in the schema (studio.settings ENUM_NAME_OVERRIDES), beside a log page's source.
+PRICE_SOURCES = ["project", "site", "settings"]
+
 class _PriceField(serializers.DecimalField):
     """A price: one that is too large is told the maximum ("Ensure this value is less than or
     equal to 100000."), not how many digits the column holds."""
@@ -46,7 +49,7 @@ class InstancePriceSerializer(serializers.Serializer):
     price_per_gpu_hour = serializers.DecimalField(max_digits=20, decimal_places=6,
                                                   help_text="On top of the node price, per GPU of the node.")
     currency = serializers.CharField()
-    source = serializers.ChoiceField(choices=["project", "site", "settings"], help_text=(
+    source = serializers.ChoiceField(choices=PRICE_SOURCES, help_text=(
         "project: this project's own (an admin set it); site: the site's (admin site, project empty); settings: "
         "STUDIO_INSTANCE_PRICES."))
     updated_at = serializers.DateTimeField(allow_null=True)

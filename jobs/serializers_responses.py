@@ -60,25 +60,18 @@ class RankOrAllField(serializers.JSONField):
     pass
 
 
-# Inline enums (allOf keeps them out of drf-spectacular's enum hook): a bare `enum` on a
-# property named `source` or `type` shares a component name with every other field of that
-# name, and a second choice set renames them all (SourceEnum would become ...SourceEnum).
-@extend_schema_field({"allOf": [{"type": "string", "enum": list(HYPERPARAMETER_TYPES)}]})
-class HyperparameterTypeField(serializers.CharField):
-    pass
-
-
-@extend_schema_field({"allOf": [{"type": "string", "enum": ["file", "stream"]}],
-                      "description": "Where the page was read: the uploaded log file, or the live stream before the "
-                                     "first upload."})
-class LogSourceField(serializers.CharField):
-    pass
+# Named enums (studio.settings ENUM_NAME_OVERRIDES): a bare enum on a property named `source`
+# or `type` would share drf-spectacular's component name with every other field of that name,
+# and an inline allOf of an enum turned into an object class in openapi-python-client (its logs
+# pages failed to parse).
+HYPERPARAMETER_TYPE_CHOICES = [(name, name) for name in HYPERPARAMETER_TYPES]
+LOG_SOURCE_CHOICES = [("file", "file"), ("stream", "stream")]
 
 
 # --- GET /api/v1/algorithms/ (algorithms.base.AlgorithmSpec.as_json) -------------------------
 class AlgorithmHyperparameterSerializer(serializers.Serializer):
     name = serializers.CharField()
-    type = HyperparameterTypeField()
+    type = serializers.ChoiceField(choices=HYPERPARAMETER_TYPE_CHOICES)
     default = ScalarField()
     min = serializers.FloatField(allow_null=True)
     max = serializers.FloatField(allow_null=True)
@@ -219,4 +212,5 @@ class JobLogPageSerializer(serializers.Serializer):
     cursor_kind = serializers.ChoiceField(choices=["bytes", "stream"],
                                           help_text="bytes: an offset into the file; stream: a stream id.")
     complete = serializers.BooleanField(help_text="The job finished and this page reached the end of its log.")
-    source = LogSourceField()
+    source = serializers.ChoiceField(choices=LOG_SOURCE_CHOICES, help_text=(
+        "Where the page was read: the uploaded log file, or the live stream before the first upload."))

@@ -263,6 +263,9 @@ SPECTACULAR_SETTINGS = {
         "NodeStateEnum": "jobs.models.NodeState",
         "TuningStatusEnum": "tuning.models.TuningStatus",
         "RuleStateEnum": "jobs.models.RuleState",
+        "TypeEnum": "jobs.serializers_responses.HYPERPARAMETER_TYPE_CHOICES",
+        "SourceEnum": "jobs.api_cost.PRICE_SOURCES",
+        "LogSourceEnum": "jobs.serializers_responses.LOG_SOURCE_CHOICES",
     },
 }
 

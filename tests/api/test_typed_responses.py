@@ -183,3 +183,26 @@ def test_log_pages_from_the_file_and_the_stream_are_typed(schema, job, owner, cl
     # A wrong body is refused: the schema is not a catch-all object.
     with pytest.raises(jsonschema.ValidationError):
         validate(schema, node, {**from_stream, "rank": "every"})
+
+
+def test_no_property_is_an_inline_allof_that_generators_turn_into_a_class(schema):
+    """Seen through openapi-python-client: a log page's `source`, described as an allOf of an
+    inline string enum, became an object class built from the string "file", and every logs
+    page failed to parse. An allOf wraps a $ref (a named component) or nothing."""
+    inline = []
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            for part in node.get("allOf", []):
+                if isinstance(part, dict) and "$ref" not in part:
+                    inline.append(path)
+            for name, value in node.items():
+                walk(value, f"{path}/{name}")
+        elif isinstance(node, list):
+            for index, value in enumerate(node):
+                walk(value, f"{path}[{index}]")
+
+    walk(schema, "")
+    assert not inline, inline
+    log_source = schema["components"]["schemas"]["LogSourceEnum"]
+    assert log_source["enum"] == ["file", "stream"], log_source
