@@ -190,7 +190,10 @@ class ChannelDetailView(APIView):
             raise serializers.ValidationError({"kind": ["A channel's kind cannot change; add a new channel."]})
         wrong = "emails" if channel.kind == NotificationChannel.Kind.WEBHOOK else "url"
         if wrong in changes:
-            raise serializers.ValidationError({wrong: [f"A {channel.kind} channel has no {wrong}."]})
+            raise serializers.ValidationError({wrong: [
+                "A webhook channel sends to its url; leave emails out (or make an e-mail channel)."
+                if wrong == "emails" else
+                "An e-mail channel sends to its emails; leave url out (or make a webhook channel)."]})
         notify.update_channel(channel, changes)
         return Response(NotificationChannelSerializer(channel, context={"admin": True}).data)
 

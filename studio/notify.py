@@ -219,12 +219,12 @@ def notify(project_id: int, event: str, payload: dict, *, channels: Iterable[str
     is logged and whatever was not recorded is lost, not the caller's work)."""
     try:
         with transaction.atomic():  # a savepoint: a database error here leaves the caller's transaction usable
-            targets = NotificationChannel.objects.filter(project_id=project_id, enabled=True).select_related("project")
-            wanted = None if channels is None else set(channels)
+            found = list(NotificationChannel.objects.filter(project_id=project_id, enabled=True).select_related("project"))
+            # Names are compared without case, as they are unique (create_channel).
+            wanted = None if channels is None else {name.casefold() for name in channels}
             if wanted is not None:
-                targets = targets.filter(name__in=wanted)
-            found = list(targets)
-            if wanted is not None and (missing := wanted - {channel.name for channel in found}):
+                found = [channel for channel in found if channel.name.casefold() in wanted]
+            if wanted is not None and (missing := wanted - {channel.name.casefold() for channel in found}):
                 log.warning("notify(%s, %s): no enabled channel named %s in project %s; skipped",
                             project_id, event, ", ".join(sorted(missing)), project_id)
             now = timezone.now()

@@ -176,6 +176,8 @@ def _changed_reason(rule: JobRule, before: dict, now: datetime) -> str:
     at = now.astimezone(UTC).strftime("%H:%M:%S UTC")
     if before["enabled"] and not rule.enabled:
         return f"Turned off at {at}: not evaluated; it was {rule.state}."
+    if not rule.enabled:
+        return f"Changed at {at} while off: not evaluated until it is turned on."
     if rule.enabled and not before["enabled"]:
         return f"Turned on at {at}: evaluated from the job's next points; {rule.state} until then."
     return (f"Changed at {at}: evaluated from the job's next points; {rule.state} until then (the earlier "
@@ -186,7 +188,13 @@ class RuleConflict(Exception):
     """The job is finished: its rules no longer change (a 409)."""
 
 
-def check_channels_exist(project_id: int, specs: Sequence[dict], *, lone: bool = False) -> None:
+def _channel_names(spec: dict) -> set[str]:
+    return {name.casefold() for action in spec.get("actions") or [] if action.get("type") == "notify"
+            for name in action.get("channels") or []}
+
+
+def check_channels_exist(project_id: int, specs: Sequence[dict], *, lone: bool = False,
+                         kept: set[str] | None = None) -> None:
     """Every channel a notify action names must be one of the project's (enabled or not: an
     admin may turn one off for a while): a misspelt name would send the alarm nowhere.
     RuleError names the first unknown one under its spec's path: `rules[1].actions[0].channels[2]`,
@@ -201,12 +209,13 @@ def check_channels_exist(project_id: int, specs: Sequence[dict], *, lone: bool =
              for where, name in enumerate(action["channels"])]
     if not named:
         return
-    known = set(NotificationChannel.objects.filter(project_id=project_id).values_list("name", flat=True))
+    names = sorted(NotificationChannel.objects.filter(project_id=project_id).values_list("name", flat=True))
+    known = {name.casefold() for name in names} | (kept or set())
     for index, position, where, name in named:
-        if name in known:
+        if name.casefold() in known:  # without case, as channel names are unique
             continue
         base = "" if lone else f"rules[{index}]."
-        listed = ", ".join(repr(channel) for channel in sorted(known)[:20])
+        listed = ", ".join(repr(channel) for channel in names[:20])
         raise RuleError(f"{base}actions[{position}].channels[{where}]",
                         f"the project has no notification channel named {name!r}"
                         + (f"; its channels are {listed}." if listed else
@@ -225,7 +234,8 @@ def add_rule(job_id: int, raw: Any, *, job_finished: bool, project_id: int) -> J
     if JobRule.objects.filter(job_id=job_id, name=spec["name"]).exists():
         raise RuleError("name", f"The job already has a rule named {spec['name']!r}; pick another name or PATCH that one.")
     rule = JobRule.objects.create(job_id=job_id, name=spec["name"], type=spec["type"], parameters=spec["parameters"],
-                                  actions=spec["actions"], enabled=spec["enabled"], state_reason=waiting_reason(spec))
+                                  actions=spec["actions"], enabled=spec["enabled"],
+                                  state_reason=waiting_reason(spec) if spec["enabled"] else "Off: not evaluated until it is turned on.")
     _tell_watcher()
     return rule
 
@@ -244,7 +254,10 @@ def update_rule(rule: JobRule, raw: Any, *, job_finished: bool, project_id: int,
     if job_finished:
         raise RuleConflict("The job has finished; its rules no longer change.")
     spec = check_rule(raw, partial=spec_of(rule))
-    check_channels_exist(project_id, [spec], lone=True)
+    # Only the names this change brings: a channel renamed or deleted since the rule was made
+    # must not lock the rule against every PATCH (turning it off included); its alarms say
+    # "not sent" until its actions name a channel that exists.
+    check_channels_exist(project_id, [spec], lone=True, kept=_channel_names(spec_of(rule)))
     if spec["name"] != rule.name and JobRule.objects.filter(job_id=rule.job_id, name=spec["name"]).exists():
         raise RuleError(name_field, f"The job already has a rule named {spec['name']!r}.")
     before = spec_of(rule)

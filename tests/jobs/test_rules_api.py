@@ -290,3 +290,41 @@ def test_a_patch_leaves_out_what_it_does_not_change_and_says_so_in_the_rules_rea
     assert clash.status_code == 400 and set(clash.json()["error"]["fields"]) == {"new_name"}, clash.json()
     clash_by_id = client.patch(f"{url}{made['id']}/", {"name": "other"}, format="json")
     assert clash_by_id.status_code == 400 and set(clash_by_id.json()["error"]["fields"]) == {"name"}, clash_by_id.json()
+
+
+def test_channel_names_in_rules_match_without_case_and_a_renamed_channel_never_locks_a_rule(teammate, owner, client_for,
+                                                                                          running, project):
+    """Seen in a re-walk: with the channel named "OPS", a rule naming "ops" was refused
+    (names are unique without case, yet looked up with it); and once a channel a rule named
+    was renamed or deleted, every PATCH of the rule, turning it off included, was a 400."""
+    from studio.models import Delivery, NotificationChannel
+
+    channel = NotificationChannel.objects.create(project=project, name="OPS", kind="webhook",
+                                                 url="http://hooks.example.com/x")
+    client = client_for(teammate)
+    url = f"/api/v1/jobs/{running.pk}/rules/"
+    made = client.post(url, {"name": "quiet", "type": "stalled", "actions": [{"type": "notify", "channels": ["ops"]}]},
+                       format="json")
+    assert made.status_code == 201, made.json()
+    from jobs.rules.actions import _notify
+    from jobs.rules.engine import Transition
+
+    rule = JobRule.objects.get(pk=made.json()["id"])
+    row = AlarmTransition.objects.create(rule=rule, job=running, from_state="OK", to_state="ALARM", at=timezone.now(),
+                                         reason="quiet", values={})
+    taken = _notify(rule, running, row, Transition("OK", "ALARM", 0.0, "quiet", {}, None), ["ops"])
+    assert taken["deliveries"] and Delivery.objects.get(pk=taken["deliveries"][0]).channel == channel, taken
+
+    assert client_for(owner).patch(f"/api/v1/projects/{project.slug}/notification-channels/{channel.pk}/",
+                                   {"name": "pager"}, format="json").status_code == 200
+    off = client.patch(f"{url}{rule.pk}/", {"enabled": False}, format="json")
+    assert off.status_code == 200 and off.json()["enabled"] is False, off.json()
+    assert off.json()["state_reason"].startswith("Turned off")
+    changed = client.patch(f"{url}{rule.pk}/", {"parameters": {"threshold_seconds": 900}}, format="json").json()
+    assert changed["state_reason"].startswith("Changed at ") and "while off" in changed["state_reason"], changed
+    # A name the change brings is still checked.
+    added = client.patch(f"{url}{rule.pk}/", {"actions": [{"type": "notify", "channels": ["ops", "nobody"]}]},
+                         format="json")
+    assert added.status_code == 400 and set(added.json()["error"]["fields"]) == {"actions[0].channels[1]"}, added.json()
+    born_off = client.post(url, {"name": "later", "type": "stalled", "enabled": False}, format="json").json()
+    assert born_off["state_reason"].startswith("Off: not evaluated"), born_off["state_reason"]

@@ -515,3 +515,12 @@ def test_a_channel_given_the_other_kinds_field_is_a_400_naming_it(owner, client_
     response = client_for(owner).post(BASE, body, format="json")
     assert response.status_code == 400 and set(response.json()["error"]["fields"]) == {field}, response.json()
     assert not NotificationChannel.objects.exists()
+
+
+def test_a_patch_giving_a_channel_the_other_kinds_field_says_so_as_creation_does(owner, client_for):
+    admin = client_for(owner)
+    made = admin.post(BASE, {"name": "mail", "kind": "email", "emails": ["a@example.com"]}, format="json").json()
+    refused = admin.patch(f"{BASE}{made['id']}/", {"url": "https://hooks.example.com/z"}, format="json")
+    assert refused.status_code == 400
+    assert refused.json()["error"]["fields"]["url"] == [
+        "An e-mail channel sends to its emails; leave url out (or make a webhook channel)."], refused.json()
